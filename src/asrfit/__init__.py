@@ -1,0 +1,28 @@
+"""asrfit: fit speech-recognition training to the GPU you have.
+
+Profile the hardware, dataset and model; simulate one training step on fake tensors
+to predict peak memory; plan; train. Heavy submodules load lazily so that
+``import asrfit`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "HardwareProfile": "asrfit.profiles.hardware",
+    "DatasetProfile": "asrfit.profiles.dataset",
+    "ModelProfile": "asrfit.profiles.model",
+}
+
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asrfit' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

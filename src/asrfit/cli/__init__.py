@@ -1,0 +1,1 @@
+"""Thin command-line commands: parse, call the library, print."""

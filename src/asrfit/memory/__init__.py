@@ -1,0 +1,1 @@
+"""Simulate one training step on fake tensors and predict peak memory by category."""

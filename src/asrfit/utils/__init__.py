@@ -1,0 +1,1 @@
+"""Small helpers split by concern: ``io`` (atomic writes), ``serialization`` (JSON dataclasses)."""
