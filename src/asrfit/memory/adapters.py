@@ -1,0 +1,203 @@
+"""One training-step interface for every supported model: build, make a batch, compute the loss.
+
+The simulator drives a :class:`StepAdapter`; each family differs only in its inputs and in
+how labels reach the loss. Adapters build inputs as *fake* tensors (shapes) and declare
+the real values of the integer ones (masks, labels) to the tracker, so that length-dependent
+code (CTC, ``attention_mask.sum()``) sees true values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from asrfit.errors import ShapeError, UnsupportedModelError
+from asrfit.memory.tracker import StorageTracker
+from asrfit.utils.serialization import JsonDataclass
+
+SUPPORTED_FAMILIES = ("wav2vec2", "hubert", "wavlm", "whisper", "parakeet_ctc", "parakeet_tdt")
+_CLASS_FAMILY = {
+    "Wav2Vec2ForCTC": "wav2vec2",
+    "HubertForCTC": "hubert",
+    "WavLMForCTC": "wavlm",
+    "WhisperForConditionalGeneration": "whisper",
+    "ParakeetForCTC": "parakeet_ctc",
+    "ParakeetForTDT": "parakeet_tdt",
+}
+
+
+@dataclass(frozen=True)
+class BatchShape(JsonDataclass):
+    """A padded batch: ``batch_size`` utterances of ``input_length`` model-input steps.
+
+    ``input_length`` is in the model's input units: audio samples for waveform models,
+    feature frames for log-mel models. ``label_length`` is the padded label length (tokens).
+    """
+
+    batch_size: int
+    input_length: int
+    label_length: int
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "input_length", "label_length"):
+            if getattr(self, name) < 1:
+                raise ShapeError(f"BatchShape.{name}={getattr(self, name)!r}: must be at least 1.")
+
+
+@dataclass
+class StepAdapter:
+    """How to run one training step of a model family.
+
+    Attributes:
+        name: Model name for reports.
+        build: Builds the module under the active (fake) mode.
+        make_inputs: ``(shape, tracker) -> kwargs`` for the module's forward.
+        loss: ``(module, kwargs) -> scalar loss``.
+        supports_checkpointing: Whether ``gradient_checkpointing_enable`` exists.
+        output_frames: ``input_length -> encoder frames`` (for CTC shape checks), or None.
+    """
+
+    name: str
+    build: Callable[[], nn.Module]
+    make_inputs: Callable[[BatchShape, StorageTracker], dict[str, Any]]
+    loss: Callable[[nn.Module, dict[str, Any]], torch.Tensor]
+    supports_checkpointing: bool = True
+    output_frames: Callable[[int], int] | None = None
+
+
+def fake_with_value(tracker: StorageTracker, real: torch.Tensor) -> torch.Tensor:
+    """A fake copy of ``real`` (made by the active ``FakeTensorMode``) whose value the tracker knows."""
+    fake_mode = next(m for m in _get_current_dispatch_mode_stack() if isinstance(m, FakeTensorMode))
+    fake = fake_mode.from_tensor(real)
+    tracker.set_value(fake, real)
+    return fake
+
+
+def _labels(tracker: StorageTracker, shape: BatchShape, vocab_size: int, low: int = 1) -> torch.Tensor:
+    with unset_fake_temporarily():
+        gen = torch.Generator().manual_seed(0)
+        real = torch.randint(low, max(low + 1, vocab_size - 1), (shape.batch_size, shape.label_length), generator=gen)
+    return fake_with_value(tracker, real)
+
+
+def _ones(tracker: StorageTracker, batch: int, length: int) -> torch.Tensor:
+    with unset_fake_temporarily():
+        real = torch.ones(batch, length, dtype=torch.long)
+    return fake_with_value(tracker, real)
+
+
+def _loss_attr(module: nn.Module, kwargs: dict[str, Any]) -> torch.Tensor:
+    return module(**kwargs).loss
+
+
+def _check_ctc(shape: BatchShape, frames: int, name: str) -> None:
+    if shape.label_length > frames:
+        raise ShapeError(
+            f"{name}: {shape.label_length} labels cannot align to {frames} encoder frames "
+            f"(input_length={shape.input_length}); CTC needs at least one frame per label. "
+            "Use longer audio per label, a shorter label length, or filter such utterances."
+        )
+
+
+def hf_adapter(config: Any, *, freeze_feature_encoder: bool = True, name: str | None = None) -> StepAdapter:
+    """Build the adapter for a Hugging Face ASR config (wav2vec2, HuBERT, WavLM, Whisper, Parakeet).
+
+    Raises:
+        UnsupportedModelError: When the config's model class is not supported.
+    """
+    import transformers
+
+    archs = list(getattr(config, "architectures", None) or [])
+    model_type = getattr(config, "model_type", "")
+    guess = {
+        "wav2vec2": "Wav2Vec2ForCTC",
+        "hubert": "HubertForCTC",
+        "wavlm": "WavLMForCTC",
+        "whisper": "WhisperForConditionalGeneration",
+        "parakeet_ctc": "ParakeetForCTC",
+        "parakeet_tdt": "ParakeetForTDT",
+    }.get(model_type)
+    cls_name = next((a for a in archs if a in _CLASS_FAMILY), guess)
+    if cls_name is None or cls_name not in _CLASS_FAMILY:
+        raise UnsupportedModelError(
+            f"model type {model_type!r} (architectures {archs}) is not supported for simulation; "
+            f"supported classes: {', '.join(_CLASS_FAMILY)}."
+        )
+    family = _CLASS_FAMILY[cls_name]
+    cls = getattr(transformers, cls_name)
+    label = name or getattr(config, "name_or_path", None) or cls_name
+
+    if getattr(cls, "_supports_sdpa", False) and getattr(config, "_attn_implementation", None) in (None, "eager"):
+        # Training loads models with SDPA attention by default; so does the simulation.
+        config._attn_implementation = "sdpa"
+
+    def build() -> nn.Module:
+        model = cls(config)
+        if freeze_feature_encoder and hasattr(model, "freeze_feature_encoder"):
+            model.freeze_feature_encoder()
+        return model
+
+    if family in ("wav2vec2", "hubert", "wavlm"):
+        strides = list(config.conv_stride)
+        kernels = list(config.conv_kernel)
+
+        def frames(n: int) -> int:
+            for k, s in zip(kernels, strides, strict=True):
+                n = (n - k) // s + 1
+            return max(n, 0)
+
+        use_mask = getattr(config, "feat_extract_norm", "layer") == "layer"
+
+        def make_inputs(shape: BatchShape, tr: StorageTracker) -> dict[str, Any]:
+            _check_ctc(shape, frames(shape.input_length), label)
+            kw: dict[str, Any] = {"input_values": torch.randn(shape.batch_size, shape.input_length)}
+            if use_mask:
+                kw["attention_mask"] = _ones(tr, shape.batch_size, shape.input_length)
+            kw["labels"] = _labels(tr, shape, config.vocab_size)
+            return kw
+
+        return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=frames)
+
+    if family == "whisper":
+        mel_frames = 2 * config.max_source_positions  # Whisper always pads input to 30 s
+
+        def make_inputs(shape: BatchShape, tr: StorageTracker) -> dict[str, Any]:
+            if shape.label_length > config.max_target_positions:
+                raise ShapeError(
+                    f"{label}: label_length {shape.label_length} exceeds the decoder's "
+                    f"max_target_positions {config.max_target_positions}; truncate or split transcripts."
+                )
+            feats = torch.randn(shape.batch_size, config.num_mel_bins, mel_frames)
+            return {"input_features": feats, "labels": _labels(tr, shape, config.vocab_size)}
+
+        return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=None)
+
+    enc = config.encoder_config
+    factor = int(getattr(enc, "subsampling_factor", 8))
+
+    def parakeet_frames(n: int) -> int:
+        return -(-n // factor)
+
+    def make_inputs(shape: BatchShape, tr: StorageTracker) -> dict[str, Any]:
+        _check_ctc(shape, parakeet_frames(shape.input_length), label)
+        kw: dict[str, Any] = {
+            "input_features": torch.randn(shape.batch_size, shape.input_length, enc.num_mel_bins),
+            "attention_mask": _ones(tr, shape.batch_size, shape.input_length),
+            "labels": _labels(tr, shape, config.vocab_size),
+        }
+        if family == "parakeet_tdt":
+            # Training feeds the prediction network the labels behind a start (blank) symbol.
+            with unset_fake_temporarily():
+                real_labels = tr.value_of(kw["labels"])
+                start = torch.full((shape.batch_size, 1), config.blank_token_id, dtype=torch.long)
+                real = torch.cat([start, real_labels], dim=1)
+            kw["decoder_input_ids"] = fake_with_value(tr, real)
+        return kw
+
+    return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=parakeet_frames)

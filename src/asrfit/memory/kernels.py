@@ -1,0 +1,92 @@
+"""Kernels whose saved tensors differ between CPU and CUDA, run as the target device would.
+
+The trace runs on fake CPU tensors, but scaled-dot-product attention picks a different
+kernel per device, and the difference dominates activation memory at long sequences:
+
+- On CPU in training (dropout > 0, or an arbitrary mask with some dtypes) PyTorch falls
+  back to the *math* path, which keeps the ``(B, H, T, T)`` attention probabilities.
+- On CUDA it picks FlashAttention-2 (fp16/bf16, no arbitrary mask, head dim <= 256) or the
+  memory-efficient kernel (any float dtype, additive mask allowed), which keep only the
+  output and a ``(B, H, T)`` log-sum-exp (padded to a multiple of 32 for the efficient
+  kernel), and recompute attention in backward.
+
+With ``target="cuda"``, :func:`device_kernels` replaces
+``torch.nn.functional.scaled_dot_product_attention`` during the trace by a function that
+makes the same choice PyTorch's CUDA dispatcher makes (flash, then memory-efficient, then
+math) and calls that kernel's aten op; the ops' meta implementations give exact output
+and saved-tensor shapes on fake CPU tensors, forward and backward. Under autocast the
+inputs are cast to the autocast dtype first, as CUDA autocast does for attention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+_ORIGINAL_SDPA = F.scaled_dot_product_attention
+TARGETS = ("cuda", "cpu")
+
+
+def _cuda_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    if torch.is_autocast_enabled("cpu"):
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value = (t.to(dtype) for t in (query, key, value))
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(repeat, dim=-3)
+        value = value.repeat_interleave(repeat, dim=-3)
+    head_dim = query.shape[-1]
+    dims_ok = query.dim() == 4 and head_dim % 8 == 0
+    if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) and dims_ok and head_dim <= 256:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale
+        )
+        return out[0]
+    if dims_ok:
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            # CUDA SDPA turns a boolean mask into an additive float mask of the same shape.
+            bias = torch.zeros(bias.shape, dtype=query.dtype).masked_fill(~bias, float("-inf"))
+        elif bias is not None and bias.dtype != query.dtype:
+            bias = bias.to(query.dtype)
+        if bias is not None:
+            bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        needs_grad = any(t.requires_grad for t in (query, key, value))
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, needs_grad, dropout_p, is_causal, scale=scale
+        )
+        return out[0]
+    return _ORIGINAL_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+@contextlib.contextmanager
+def device_kernels(target: str) -> Iterator[None]:
+    """Run attention as ``target`` ("cuda" or "cpu") would, for the duration of the block."""
+    if target not in TARGETS:
+        raise ValueError(f"target={target!r}: use one of {', '.join(TARGETS)}.")
+    if target == "cpu":
+        yield
+        return
+    F.scaled_dot_product_attention = _cuda_sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = _ORIGINAL_SDPA
+
+
+def sdpa_is_patched() -> Any:
+    """Whether :func:`device_kernels` currently replaces SDPA (for tests)."""
+    return F.scaled_dot_product_attention is _cuda_sdpa

@@ -1,0 +1,264 @@
+"""Simulate one training step on fake tensors and report its peak memory by category.
+
+``simulate_step`` builds the model under ``FakeTensorMode``, then runs forward, loss,
+backward and the optimizer step **twice** under a :class:`StorageTracker`: optimizer
+state is created on the first step, so the steady-state peak is the second step's.
+The peak and the live storages at that instant come from the tracker's event log.
+
+What the trace measures is the *traced* peak: every storage the step keeps alive, at
+its exact byte size, in the order the real model code creates and frees them, on CPU
+kernels. :mod:`asrfit.memory.allocator` turns it into CUDA ``allocated``/``reserved``
+predictions, and :mod:`asrfit.memory.zero` shards model states for ZeRO.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from asrfit.memory.adapters import BatchShape, StepAdapter
+from asrfit.memory.kernels import device_kernels
+from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.setup import Precision, Setup
+from asrfit.memory.tracker import Block, StorageTracker, round_block
+from asrfit.utils.serialization import JsonDataclass
+
+CATEGORIES = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "inputs",
+    "activations",
+    "temporaries",
+)
+
+
+@dataclass
+class StepMemory(JsonDataclass):
+    """Peak memory of one steady-state training step, as traced on fake tensors.
+
+    Attributes:
+        model: Model name.
+        setup: The setup simulated (before ZeRO sharding, which is applied by formula).
+        batch: The padded batch shape.
+        target: Device whose kernels were followed ("cuda" or "cpu").
+        peak_bytes: Peak of live storage bytes, each rounded up to 512 bytes as the CUDA
+            caching allocator does (``torch.cuda.max_memory_allocated`` semantics, before
+            workspaces and the attention-kernel correction).
+        peak_raw_bytes: The same peak without rounding (what a CPU allocator sees).
+        breakdown_bytes: Category -> rounded bytes live at the peak; sums to ``peak_bytes``.
+        step_peaks_bytes: Rounded peak of each simulated step (the first lacks optimizer state).
+        peak_phase: Phase at the peak: forward, backward, optimizer or zero_grad.
+        largest_transient_bytes: Largest kernel workspace accounted inside one op.
+        assumptions: Pessimistic rules used where values were unknowable.
+        trace_seconds: Wall time of the simulation.
+    """
+
+    model: str
+    setup: Setup
+    batch: BatchShape
+    target: str
+    peak_bytes: int
+    peak_raw_bytes: int
+    breakdown_bytes: dict[str, int]
+    step_peaks_bytes: list[int]
+    peak_phase: str
+    largest_transient_bytes: int = 0
+    assumptions: list[str] = field(default_factory=list)
+    trace_seconds: float = 0.0
+
+
+def _category(block: Block) -> str:
+    if block.tag is not None:
+        return "temporaries" if block.tag.startswith("workspace:") else block.tag
+    if block.phase == "forward":
+        return "activations"
+    return "temporaries"
+
+
+def _analyse(tracker: StorageTracker, steps: int) -> tuple[int, int, dict[str, int], list[int], str, int]:
+    """Replay the event log: peaks per step, and the breakdown at the last step's peak."""
+    blocks = tracker.log.blocks
+    live_rounded = live_raw = 0
+    step_peaks = [0] * (steps + 1)
+    best = (-1, -1)  # (rounded peak within last step, event index)
+    peak_raw = 0
+    for i, (key, sign) in enumerate(tracker.log.events):
+        b = blocks[key]
+        if b.tag == "host":
+            continue
+        live_rounded += sign * round_block(b.nbytes)
+        live_raw += sign * b.nbytes
+        if sign > 0:
+            s = b.step
+            step_peaks[s] = max(step_peaks[s], live_rounded)
+            if s == steps and live_rounded > best[0]:
+                best, peak_raw = (live_rounded, i), live_raw
+    peak, at = best
+    live: dict[int, Block] = {}
+    for key, sign in tracker.log.events[: at + 1]:
+        if sign > 0:
+            live[key] = blocks[key]
+        else:
+            live.pop(key, None)
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    for b in live.values():
+        if b.tag == "host":
+            continue
+        breakdown[_category(b)] += round_block(b.nbytes)
+    transients = [b.nbytes for b in blocks.values() if b.tag and b.tag.startswith("workspace:")]
+    phase = blocks[tracker.log.events[at][0]].phase
+    return peak, peak_raw, breakdown, step_peaks[1:], phase, max(transients, default=0)
+
+
+@contextlib.contextmanager
+def _phase(tracker: StorageTracker, name: str) -> Iterator[None]:
+    tracker.phase = name
+    try:
+        yield
+    finally:
+        tracker.phase = "idle"
+
+
+def _autocast(setup: Setup) -> contextlib.AbstractContextManager:
+    if setup.precision is Precision.BF16:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if setup.precision is Precision.FP16:
+        return torch.autocast("cpu", dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _float_dtype(setup: Setup) -> torch.dtype:
+    return torch.bfloat16 if setup.precision is Precision.PURE_BF16 else torch.float32
+
+
+def _build(adapter: StepAdapter, setup: Setup) -> nn.Module:
+    # Pure bf16 builds the weights in bf16 directly (``.to()`` cannot swap fake parameters).
+    with _default_dtype(_float_dtype(setup)):
+        model = adapter.build()
+    if setup.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        elif hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        elif not adapter.supports_checkpointing:
+            raise ValueError(f"{adapter.name}: gradient checkpointing is not supported by this model.")
+    model.train()
+    return model
+
+
+def simulate_step(
+    adapter: StepAdapter,
+    batch: BatchShape,
+    setup: Setup | None = None,
+    *,
+    target: str = "cuda",
+    steps: int = 2,
+) -> StepMemory:
+    """Trace ``steps`` training steps on fake tensors and report the last step's peak.
+
+    Args:
+        adapter: How to build the model, make a batch and compute the loss
+            (see :func:`asrfit.memory.adapters.hf_adapter` and :func:`asrfit.memory.simulate_model`).
+        batch: Padded batch shape.
+        setup: Precision, checkpointing, optimizer (default: fp32 AdamW).
+        target: Device whose kernel choices to follow: "cuda" (Default) runs attention
+            through the CUDA flash/memory-efficient kernels' shapes; "cpu" runs the CPU kernels
+            as they are (for checking against a real CPU run). See :mod:`asrfit.memory.kernels`.
+        steps: Steps to trace (Default: 2; the second is the steady state).
+
+    Returns:
+        The peak and its breakdown by category.
+
+    Raises:
+        ShapeError: When the batch cannot run (e.g. more labels than CTC frames).
+    """
+    setup = setup or Setup()
+    started = time.perf_counter()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    tracker = StorageTracker()
+    with fake_mode, device_kernels(target):
+        model = _build(adapter, setup)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = make_optimizer(setup, params)
+        with tracker:
+            tracker.register(list(model.parameters()), "parameters")
+            tracker.register(list(model.buffers()), "buffers")
+            for step in range(1, steps + 1):
+                tracker.step = step
+                with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
+                    inputs = adapter.make_inputs(batch, tracker)
+                    tracker.register(inputs, "inputs")
+                with _phase(tracker, "forward"), _autocast(setup):
+                    loss = adapter.loss(model, inputs)
+                with _phase(tracker, "backward"):
+                    if setup.precision is Precision.FP16:
+                        # GradScaler: scale the loss, then unscale the grads in place. Its
+                        # inf check calls .item() on data, so its ops are replayed here.
+                        scale = torch.full((), 65536.0)
+                        (loss.float() * scale).backward()
+                    else:
+                        loss.backward()
+                    grads = [p.grad for p in params if p.grad is not None]
+                    tracker.retag(grads, "gradients")
+                    if setup.precision is Precision.FP16:
+                        torch._foreach_mul_(grads, 1.0 / 65536.0)
+                del loss, inputs
+                with _phase(tracker, "optimizer"):
+                    optimizer.step()
+                    device_state, host_state = _state_tensors(optimizer)
+                    tracker.retag(device_state, "optimizer_state")
+                    tracker.retag(host_state, "host")
+                    del device_state, host_state
+                with _phase(tracker, "zero_grad"):
+                    optimizer.zero_grad(set_to_none=True)
+                del grads
+    peak, peak_raw, breakdown, step_peaks, phase, transient = _analyse(tracker, steps)
+    assumptions = sorted({f"{a.op}: {a.rule} at {a.where}" for a in tracker.assumptions})
+    return StepMemory(
+        model=adapter.name,
+        setup=setup,
+        target=target,
+        batch=batch,
+        peak_bytes=peak,
+        peak_raw_bytes=peak_raw,
+        breakdown_bytes=breakdown,
+        step_peaks_bytes=step_peaks,
+        peak_phase=phase,
+        largest_transient_bytes=transient,
+        assumptions=assumptions,
+        trace_seconds=time.perf_counter() - started,
+    )
+
+
+def _state_tensors(optimizer: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Optimizer state tensors, split into (device state, host scalars).
+
+    PyTorch keeps AdamW's ``step`` counter as a CPU scalar for CUDA parameters (unless
+    ``capturable``/``fused``), so 0-dim ``step`` tensors do not count toward GPU memory.
+    """
+    device, host = [], []
+    for state in optimizer.state.values():
+        for name, v in state.items():
+            if isinstance(v, torch.Tensor):
+                (host if name == "step" and v.dim() == 0 else device).append(v)
+    return device, host

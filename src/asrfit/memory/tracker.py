@@ -1,0 +1,215 @@
+"""A dispatch mode that follows every live storage of a traced training step.
+
+:class:`StorageTracker` sits above ``FakeTensorMode``: each aten call passes through it,
+each new output storage is recorded with its byte count, and a weak reference tells us
+when the storage dies. The result is an event log (allocation, free) from which the peak
+and the live set at the peak are recovered afterwards, so categorising costs nothing
+during the trace.
+
+Values: the sizes a step allocates can depend on the *values* of small integer tensors
+(sequence lengths, label masks). Such tensors get a real shadow copy: when every input
+of an op has a known value and the op yields integers or booleans, it is also run on the
+real shadows. ``.item()``, ``masked_select``, ``nonzero`` and the CTC loss then see the
+true lengths. Only values that are unknowable (random coin flips, values computed from
+float activations) fall back to the pessimistic rules in :mod:`asrfit.memory.datadep`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakTensorKeyDictionary
+
+# The CUDA caching allocator hands out blocks in multiples of 512 bytes.
+CUDA_BLOCK_BYTES = 512
+# Integer/bool tensors up to this many elements get a real shadow value.
+_MAX_SHADOW_NUMEL = 1 << 24
+_INT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+
+
+def round_block(nbytes: int) -> int:
+    """Round a request up to the caching allocator's 512-byte granularity (0 stays 0)."""
+    return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+
+
+@dataclass
+class Block:
+    """One storage seen by the tracker."""
+
+    key: int
+    nbytes: int
+    phase: str
+    step: int
+    tag: str | None = None  # set later: parameters, buffers, gradients, optimizer_state, inputs
+    op: Any = None  # the aten op that made it
+    shape: tuple[int, ...] = ()
+    dtype: Any = None
+
+
+@dataclass
+class Assumption:
+    """A place where a value could not be known and a pessimistic rule was used."""
+
+    op: str
+    rule: str
+    where: str
+
+
+@dataclass
+class TraceLog:
+    """Allocation events of a traced step, in order: ``(key, +1 alloc | -1 free)``."""
+
+    blocks: dict[int, Block] = field(default_factory=dict)
+    events: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _user_frame() -> str:
+    """The innermost stack frame outside torch and asrfit, for error messages."""
+    for frame in reversed(traceback.extract_stack(limit=40)):
+        name = frame.filename
+        if "/torch/" not in name and "/asrfit/memory/" not in name:
+            return f"{name}:{frame.lineno} ({(frame.line or '').strip()})"
+    return "<unknown>"
+
+
+class StorageTracker(TorchDispatchMode):
+    """Track live storage bytes (and shadow integer values) of everything computed inside.
+
+    Use inside an active ``FakeTensorMode``. Tensors made before entering are registered
+    with :meth:`register` (parameters, buffers, the batch).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = TraceLog()
+        self.phase = "setup"
+        self.step = 0
+        self.assumptions: list[Assumption] = []
+        self._ids = itertools.count(1)
+        self._keys: dict[int, int] = {}  # storage _cdata -> block key, while alive
+        self._refs: dict[int, weakref.ref] = {}
+        self._values = WeakTensorKeyDictionary()  # fake tensor -> real tensor
+        from asrfit.memory import datadep  # local: datadep imports this module
+
+        self._handlers = datadep.HANDLERS
+
+    # -- storages ---------------------------------------------------------------
+    def _track(self, t: torch.Tensor, tag: str | None = None, op: Any = None) -> int | None:
+        st = t.untyped_storage()
+        cdata = st._cdata
+        key = self._keys.get(cdata)
+        if key is not None:
+            if tag is not None and self.log.blocks[key].tag is None:
+                self.log.blocks[key].tag = tag
+            return key
+        nbytes = st.nbytes()
+        key = next(self._ids)
+        self.log.blocks[key] = Block(key, nbytes, self.phase, self.step, tag, op, tuple(t.shape), t.dtype)
+        self.log.events.append((key, 1))
+        self._keys[cdata] = key
+
+        def _on_free(_ref: weakref.ref, key: int = key, cdata: int = cdata) -> None:
+            if self._keys.get(cdata) == key:
+                del self._keys[cdata]
+            self._refs.pop(cdata, None)
+            self.log.events.append((key, -1))
+
+        self._refs[cdata] = weakref.ref(st, _on_free)
+        return key
+
+    def register(self, tensors: Any, tag: str) -> None:
+        """Count tensors made outside the tracker (parameters, buffers, inputs) under ``tag``."""
+        for t in tree_flatten(tensors)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t, tag)
+
+    def retag(self, tensors: Any, tag: str) -> None:
+        """Give live storages a category learnt after they were made (gradients, optimizer state)."""
+        for t in tree_flatten(tensors)[0]:
+            if isinstance(t, torch.Tensor):
+                key = self._track(t)
+                if key is not None:
+                    self.log.blocks[key].tag = tag
+
+    def transient(self, nbytes: int, label: str) -> None:
+        """Account a kernel-internal buffer that lives only during one op (allocated, then freed)."""
+        key = next(self._ids)
+        self.log.blocks[key] = Block(key, nbytes, self.phase, self.step, f"workspace:{label}")
+        self.log.events.append((key, 1))
+        self.log.events.append((key, -1))
+
+    # -- values -------------------------------------------------------------------
+    def set_value(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        """Declare the real value of a fake tensor (a batch's lengths, labels, mask)."""
+        self._values[fake] = real
+
+    def value_of(self, t: Any) -> Any:
+        """The real value behind a fake tensor, ``None`` when unknown; non-tensors pass through."""
+        if isinstance(t, torch.Tensor):
+            if not isinstance(t, FakeTensor):  # a real constant on its way into fake mode
+                return t
+            value = self._values.get(t)
+            if value is None:  # a constant made by torch.tensor(...) inside fake mode
+                value = getattr(t, "constant", None)
+            return value
+        return t
+
+    def assume(self, op: str, rule: str) -> None:
+        """Record a pessimistic assumption made where a value could not be known."""
+        self.assumptions.append(Assumption(op, rule, _user_frame()))
+
+    def _propagate(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not outs or any(t.dtype not in _INT_DTYPES or t.numel() > _MAX_SHADOW_NUMEL for t in outs):
+            return
+        known = True
+
+        def real(x: Any) -> Any:
+            nonlocal known
+            if isinstance(x, torch.Tensor):
+                v = self.value_of(x)
+                if v is None:
+                    known = False
+                return v
+            return x
+
+        rargs, rkwargs = tree_map(real, args), tree_map(real, kwargs)
+        if not known:
+            self._forget_mutated(func, args)
+            return
+        with unset_fake_temporarily():
+            rkwargs = {k: (torch.device("cpu") if k == "device" else v) for k, v in rkwargs.items()}
+            try:
+                rout = func(*rargs, **rkwargs)
+            except Exception:  # shadow evaluation is best effort; sizes never depend on it failing
+                self._forget_mutated(func, args)
+                return
+        for f, r in zip(outs, [t for t in tree_flatten(rout)[0] if isinstance(t, torch.Tensor)], strict=False):
+            self._values[f] = r
+
+    def _forget_mutated(self, func: Any, args: tuple) -> None:
+        schema = getattr(func, "_schema", None)
+        if schema is None:
+            return
+        for arg, a in zip(schema.arguments, args, strict=False):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.Tensor):
+                self._values.pop(a, None)
+
+    # -- dispatch -------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        handler = self._handlers.get(func)
+        out = handler(self, func, args, kwargs) if handler is not None else func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t, op=func)
+        self._propagate(func, args, kwargs, out)
+        return out
