@@ -79,10 +79,14 @@ def fake_with_value(tracker: StorageTracker, real: torch.Tensor) -> torch.Tensor
     return fake
 
 
-def _labels(tracker: StorageTracker, shape: BatchShape, vocab_size: int, low: int = 1) -> torch.Tensor:
+def _labels(
+    tracker: StorageTracker, shape: BatchShape, vocab_size: int, low: int = 1
+) -> torch.Tensor:
     with unset_fake_temporarily():
         gen = torch.Generator().manual_seed(0)
-        real = torch.randint(low, max(low + 1, vocab_size - 1), (shape.batch_size, shape.label_length), generator=gen)
+        real = torch.randint(
+            low, max(low + 1, vocab_size - 1), (shape.batch_size, shape.label_length), generator=gen
+        )
     return fake_with_value(tracker, real)
 
 
@@ -105,7 +109,9 @@ def _check_ctc(shape: BatchShape, frames: int, name: str) -> None:
         )
 
 
-def hf_adapter(config: Any, *, freeze_feature_encoder: bool = True, name: str | None = None) -> StepAdapter:
+def hf_adapter(
+    config: Any, *, freeze_feature_encoder: bool = True, name: str | None = None
+) -> StepAdapter:
     """Build the adapter for a Hugging Face ASR config (wav2vec2, HuBERT, WavLM, Whisper, Parakeet).
 
     Raises:
@@ -133,7 +139,10 @@ def hf_adapter(config: Any, *, freeze_feature_encoder: bool = True, name: str | 
     cls = getattr(transformers, cls_name)
     label = name or getattr(config, "name_or_path", None) or cls_name
 
-    if getattr(cls, "_supports_sdpa", False) and getattr(config, "_attn_implementation", None) in (None, "eager"):
+    if getattr(cls, "_supports_sdpa", False) and getattr(config, "_attn_implementation", None) in (
+        None,
+        "eager",
+    ):
         # Training loads models with SDPA attention by default; so does the simulation.
         config._attn_implementation = "sdpa"
 

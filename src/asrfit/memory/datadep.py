@@ -82,7 +82,9 @@ def _nonzero(tr: StorageTracker, func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _max_target(tr: StorageTracker, targets: torch.Tensor, target_lengths: Any) -> int:
-    lengths = tr.value_of(target_lengths) if isinstance(target_lengths, torch.Tensor) else target_lengths
+    lengths = (
+        tr.value_of(target_lengths) if isinstance(target_lengths, torch.Tensor) else target_lengths
+    )
     if lengths is not None:
         with unset_fake_temporarily():
             return int(max(torch.as_tensor(lengths).tolist(), default=0))
@@ -130,7 +132,9 @@ def _bool_indices_to_long(tr: StorageTracker, indices: list[Any]) -> list[Any]:
 
 def _index(tr: StorageTracker, func: Any, args: tuple, kwargs: dict) -> Any:
     x, indices, *rest = args
-    if not any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
+    if not any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices
+    ):
         return func(*args, **kwargs)
     return func(x, _bool_indices_to_long(tr, list(indices)), *rest, **kwargs)
 

@@ -50,7 +50,12 @@ def _cuda_sdpa(
         value = value.repeat_interleave(repeat, dim=-3)
     head_dim = query.shape[-1]
     dims_ok = query.dim() == 4 and head_dim % 8 == 0
-    if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) and dims_ok and head_dim <= 256:
+    if (
+        attn_mask is None
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and dims_ok
+        and head_dim <= 256
+    ):
         out = torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale
         )
@@ -69,7 +74,9 @@ def _cuda_sdpa(
             query, key, value, bias, needs_grad, dropout_p, is_causal, scale=scale
         )
         return out[0]
-    return _ORIGINAL_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    return _ORIGINAL_SDPA(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+    )
 
 
 @contextlib.contextmanager

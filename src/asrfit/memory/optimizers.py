@@ -63,5 +63,7 @@ def make_optimizer(setup: Setup, params: list[torch.Tensor]) -> torch.optim.Opti
     if kind is OptimizerKind.ADAFACTOR:
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=1e-3, relative_step=False, scale_parameter=False, warmup_init=False)
+        return Adafactor(
+            params, lr=1e-3, relative_step=False, scale_parameter=False, warmup_init=False
+        )
     return AdamW8bitState(params)

@@ -31,12 +31,24 @@ class OptimizerKind(str, Enum):
 class Setup(JsonDataclass):
     """One training setup. Everything the memory of a step depends on, except the batch."""
 
-    precision: Precision = field(default=Precision.FP32, metadata={"help": "fp32, bf16, fp16 or pure_bf16"})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in backward"})
-    optimizer: OptimizerKind = field(default=OptimizerKind.ADAMW, metadata={"help": "adamw, adamw8bit, adafactor, sgd"})
-    freeze_feature_encoder: bool = field(default=True, metadata={"help": "freeze wav2vec2-style conv encoders"})
-    zero_stage: int = field(default=0, metadata={"help": "DeepSpeed ZeRO stage 0-3 (model states by formula)"})
-    offload_optimizer: bool = field(default=False, metadata={"help": "ZeRO: optimizer state on CPU"})
+    precision: Precision = field(
+        default=Precision.FP32, metadata={"help": "fp32, bf16, fp16 or pure_bf16"}
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in backward"}
+    )
+    optimizer: OptimizerKind = field(
+        default=OptimizerKind.ADAMW, metadata={"help": "adamw, adamw8bit, adafactor, sgd"}
+    )
+    freeze_feature_encoder: bool = field(
+        default=True, metadata={"help": "freeze wav2vec2-style conv encoders"}
+    )
+    zero_stage: int = field(
+        default=0, metadata={"help": "DeepSpeed ZeRO stage 0-3 (model states by formula)"}
+    )
+    offload_optimizer: bool = field(
+        default=False, metadata={"help": "ZeRO: optimizer state on CPU"}
+    )
     offload_params: bool = field(default=False, metadata={"help": "ZeRO-3: parameters on CPU"})
     world_size: int = field(default=1, metadata={"help": "data-parallel processes"})
 
@@ -48,13 +60,18 @@ class Setup(JsonDataclass):
         if self.world_size < 1:
             raise ConfigError(f"world_size={self.world_size!r}: use 1 or more processes.")
         if self.offload_params and self.zero_stage != 3:
-            raise ConfigError("offload_params needs zero_stage=3 (DeepSpeed offloads parameters only in ZeRO-3).")
+            raise ConfigError(
+                "offload_params needs zero_stage=3 (DeepSpeed offloads parameters only in ZeRO-3)."
+            )
         if self.offload_optimizer and self.zero_stage == 0:
             raise ConfigError("offload_optimizer needs zero_stage >= 1 (ZeRO-Offload).")
 
     def describe(self) -> str:
         """A short human-readable label, e.g. ``bf16+ckpt adamw zero2x4``."""
-        parts = [self.precision.value + ("+ckpt" if self.gradient_checkpointing else ""), self.optimizer.value]
+        parts = [
+            self.precision.value + ("+ckpt" if self.gradient_checkpointing else ""),
+            self.optimizer.value,
+        ]
         if self.zero_stage:
             off = "+offload" if self.offload_optimizer or self.offload_params else ""
             parts.append(f"zero{self.zero_stage}{off}x{self.world_size}")
@@ -67,7 +84,9 @@ def _coerce(enum: type[Enum], value: object, name: str) -> Enum:
     if isinstance(value, enum):
         return value
     try:
-        return enum(str(value).lower().replace("-", "_") if enum is Precision else str(value).lower())
+        return enum(
+            str(value).lower().replace("-", "_") if enum is Precision else str(value).lower()
+        )
     except ValueError:
         choices = ", ".join(m.value for m in enum)
         raise ConfigError(f"{name}={value!r} is not known; use one of: {choices}.") from None

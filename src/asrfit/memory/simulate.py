@@ -24,6 +24,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from asrfit.memory.adapters import BatchShape, StepAdapter
+from asrfit.memory.allocator import segment_bytes
 from asrfit.memory.kernels import device_kernels
 from asrfit.memory.optimizers import make_optimizer
 from asrfit.memory.setup import Precision, Setup
@@ -58,6 +59,7 @@ class StepMemory(JsonDataclass):
         step_peaks_bytes: Rounded peak of each simulated step (the first lacks optimizer state).
         peak_phase: Phase at the peak: forward, backward, optimizer or zero_grad.
         largest_transient_bytes: Largest kernel workspace accounted inside one op.
+        peak_segment_bytes: CUDA allocator segment bytes holding the blocks live at the peak.
         assumptions: Pessimistic rules used where values were unknowable.
         trace_seconds: Wall time of the simulation.
     """
@@ -72,6 +74,7 @@ class StepMemory(JsonDataclass):
     step_peaks_bytes: list[int]
     peak_phase: str
     largest_transient_bytes: int = 0
+    peak_segment_bytes: int = 0
     assumptions: list[str] = field(default_factory=list)
     trace_seconds: float = 0.0
 
@@ -84,7 +87,9 @@ def _category(block: Block) -> str:
     return "temporaries"
 
 
-def _analyse(tracker: StorageTracker, steps: int) -> tuple[int, int, dict[str, int], list[int], str, int]:
+def _analyse(
+    tracker: StorageTracker, steps: int
+) -> tuple[int, int, dict[str, int], list[int], str, int, int]:
     """Replay the event log: peaks per step, and the breakdown at the last step's peak."""
     blocks = tracker.log.blocks
     live_rounded = live_raw = 0
@@ -110,13 +115,22 @@ def _analyse(tracker: StorageTracker, steps: int) -> tuple[int, int, dict[str, i
         else:
             live.pop(key, None)
     breakdown = dict.fromkeys(CATEGORIES, 0)
+    sizes = [round_block(b.nbytes) for b in live.values() if b.tag != "host"]
     for b in live.values():
         if b.tag == "host":
             continue
         breakdown[_category(b)] += round_block(b.nbytes)
     transients = [b.nbytes for b in blocks.values() if b.tag and b.tag.startswith("workspace:")]
     phase = blocks[tracker.log.events[at][0]].phase
-    return peak, peak_raw, breakdown, step_peaks[1:], phase, max(transients, default=0)
+    return (
+        peak,
+        peak_raw,
+        breakdown,
+        step_peaks[1:],
+        phase,
+        max(transients, default=0),
+        segment_bytes(sizes),
+    )
 
 
 @contextlib.contextmanager
@@ -161,7 +175,9 @@ def _build(adapter: StepAdapter, setup: Setup) -> nn.Module:
         elif hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         elif not adapter.supports_checkpointing:
-            raise ValueError(f"{adapter.name}: gradient checkpointing is not supported by this model.")
+            raise ValueError(
+                f"{adapter.name}: gradient checkpointing is not supported by this model."
+            )
     model.train()
     return model
 
@@ -232,7 +248,7 @@ def simulate_step(
                 with _phase(tracker, "zero_grad"):
                     optimizer.zero_grad(set_to_none=True)
                 del grads
-    peak, peak_raw, breakdown, step_peaks, phase, transient = _analyse(tracker, steps)
+    peak, peak_raw, breakdown, step_peaks, phase, transient, segments = _analyse(tracker, steps)
     assumptions = sorted({f"{a.op}: {a.rule} at {a.where}" for a in tracker.assumptions})
     return StepMemory(
         model=adapter.name,
@@ -245,6 +261,7 @@ def simulate_step(
         step_peaks_bytes=step_peaks,
         peak_phase=phase,
         largest_transient_bytes=transient,
+        peak_segment_bytes=segments,
         assumptions=assumptions,
         trace_seconds=time.perf_counter() - started,
     )

@@ -112,7 +112,9 @@ class StorageTracker(TorchDispatchMode):
             return key
         nbytes = st.nbytes()
         key = next(self._ids)
-        self.log.blocks[key] = Block(key, nbytes, self.phase, self.step, tag, op, tuple(t.shape), t.dtype)
+        self.log.blocks[key] = Block(
+            key, nbytes, self.phase, self.step, tag, op, tuple(t.shape), t.dtype
+        )
         self.log.events.append((key, 1))
         self._keys[cdata] = key
 
@@ -148,7 +150,18 @@ class StorageTracker(TorchDispatchMode):
 
     # -- values -------------------------------------------------------------------
     def set_value(self, fake: torch.Tensor, real: torch.Tensor) -> None:
-        """Declare the real value of a fake tensor (a batch's lengths, labels, mask)."""
+        """Declare the real value of a fake tensor (a batch's lengths, labels, mask).
+
+        Raises:
+            ValueError: When ``real`` is itself fake and carries no constant value.
+        """
+        if isinstance(real, FakeTensor):
+            if real.constant is None:
+                raise ValueError(
+                    "set_value needs a real tensor; make it inside "
+                    "torch._subclasses.fake_tensor.unset_fake_temporarily()."
+                )
+            real = real.constant
         self._values[fake] = real
 
     def value_of(self, t: Any) -> Any:
@@ -168,7 +181,9 @@ class StorageTracker(TorchDispatchMode):
 
     def _propagate(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if not outs or any(t.dtype not in _INT_DTYPES or t.numel() > _MAX_SHADOW_NUMEL for t in outs):
+        if not outs or any(
+            t.dtype not in _INT_DTYPES or t.numel() > _MAX_SHADOW_NUMEL for t in outs
+        ):
             return
         known = True
 
@@ -192,7 +207,9 @@ class StorageTracker(TorchDispatchMode):
             except Exception:  # shadow evaluation is best effort; sizes never depend on it failing
                 self._forget_mutated(func, args)
                 return
-        for f, r in zip(outs, [t for t in tree_flatten(rout)[0] if isinstance(t, torch.Tensor)], strict=False):
+        for f, r in zip(
+            outs, [t for t in tree_flatten(rout)[0] if isinstance(t, torch.Tensor)], strict=False
+        ):
             self._values[f] = r
 
     def _forget_mutated(self, func: Any, args: tuple) -> None:
@@ -200,11 +217,17 @@ class StorageTracker(TorchDispatchMode):
         if schema is None:
             return
         for arg, a in zip(schema.arguments, args, strict=False):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.Tensor):
+            if (
+                arg.alias_info is not None
+                and arg.alias_info.is_write
+                and isinstance(a, torch.Tensor)
+            ):
                 self._values.pop(a, None)
 
     # -- dispatch -------------------------------------------------------------------
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         handler = self._handlers.get(func)
         out = handler(self, func, args, kwargs) if handler is not None else func(*args, **kwargs)

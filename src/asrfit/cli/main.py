@@ -1,0 +1,52 @@
+"""The ``asrfit`` command: a click group whose commands live one per module."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from asrfit import __version__
+from asrfit.errors import AsrfitError
+
+
+class _Group(click.Group):
+    """Turns asrfit's input errors into one clear line and exit code 1, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except AsrfitError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="asrfit")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress at INFO level.")
+def cli(verbose: bool) -> None:
+    """Fit speech-recognition training to the GPU you have."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _register() -> None:
+    from asrfit.cli import demo, gpus, memory, profile
+
+    for module in (profile, demo, gpus, memory):
+        cli.add_command(module.command)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="asrfit")
+
+
+if __name__ == "__main__":
+    main()

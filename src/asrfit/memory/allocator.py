@@ -1,0 +1,108 @@
+"""From a traced peak to what the CUDA caching allocator and the device will show.
+
+Two predictions, each stating what it includes:
+
+- **allocated** (``torch.cuda.max_memory_allocated``): the traced peak, where every live
+  storage is already rounded up to the allocator's 512-byte blocks, plus the cuBLAS
+  workspace PyTorch takes from the caching allocator on the first matmul and keeps
+  (it is live for the whole run, so it adds to the peak).
+- **reserved** (``torch.cuda.max_memory_reserved``): the segments holding the live blocks
+  at the peak. Blocks of at most 1 MiB share 2 MiB small-pool segments; blocks up to
+  10 MiB come from 20 MiB large-pool segments; bigger blocks get segments rounded up to
+  2 MiB. On top of that, a fragmentation allowance (blocks freed in one phase that cannot
+  be reused for the next phase's shapes). With ``expandable_segments:True`` (asrfit's
+  default) segments grow in place and the allowance is smaller.
+
+The **device total** adds the CUDA context (kernels, cuBLAS/cuDNN handles), which
+``nvidia-smi`` shows but the allocator does not count.
+
+The fragmentation allowances below are starting values, not measurements: the GPU
+validation benchmark (``bench/validate_gpu.py``) measures reserved/allocated on real steps
+and is where they are calibrated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asrfit.utils.serialization import JsonDataclass
+
+MIB = 1 << 20
+SMALL_BLOCK_MAX_BYTES = 1 * MIB
+SMALL_SEGMENT_BYTES = 2 * MIB
+MID_BLOCK_MAX_BYTES = 10 * MIB
+MID_SEGMENT_BYTES = 20 * MIB
+LARGE_ROUND_BYTES = 2 * MIB
+
+# cuBLAS workspace PyTorch allocates through the caching allocator, per stream/handle:
+# 4 MiB + 8 MiB... configurations differ by architecture; Hopper asks for 32 MiB.
+CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * MIB, "default": 8 * MIB + 8 * 16 * 1024}
+CUDA_CONTEXT_BYTES = 512 * MIB  # same allowance the hardware probe uses for its own context
+
+FRAGMENTATION_EXPANDABLE = 0.02  # starting value; calibrate with bench/validate_gpu.py
+FRAGMENTATION_CLASSIC = 0.08  # starting value; calibrate with bench/validate_gpu.py
+
+
+def segment_bytes(block_sizes: list[int]) -> int:
+    """Bytes of allocator segments that hold ``block_sizes`` (each already 512-rounded)."""
+    small = sum(b for b in block_sizes if b <= SMALL_BLOCK_MAX_BYTES)
+    mid = sum(b for b in block_sizes if SMALL_BLOCK_MAX_BYTES < b <= MID_BLOCK_MAX_BYTES)
+    large = [b for b in block_sizes if b > MID_BLOCK_MAX_BYTES]
+    total = -(-small // SMALL_SEGMENT_BYTES) * SMALL_SEGMENT_BYTES
+    total += -(-mid // MID_SEGMENT_BYTES) * MID_SEGMENT_BYTES
+    total += sum(-(-b // LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES for b in large)
+    return total
+
+
+@dataclass
+class CudaPrediction(JsonDataclass):
+    """Predicted CUDA memory for one step on one device.
+
+    Attributes:
+        allocated_bytes: Predicted ``max_memory_allocated``.
+        reserved_bytes: Predicted ``max_memory_reserved``.
+        device_total_bytes: ``reserved_bytes`` plus the CUDA context (what nvidia-smi shows).
+        includes: What each figure is made of, in words.
+    """
+
+    allocated_bytes: int
+    reserved_bytes: int
+    device_total_bytes: int
+    includes: list[str] = field(default_factory=list)
+
+
+def predict_cuda(
+    peak_bytes: int,
+    peak_segment_bytes: int,
+    *,
+    architecture: str | None = None,
+    expandable_segments: bool = True,
+) -> CudaPrediction:
+    """Turn a traced peak into allocated / reserved / device-total predictions.
+
+    Args:
+        peak_bytes: Traced peak with 512-byte rounding (``StepMemory.peak_bytes``).
+        peak_segment_bytes: Segment bytes of the blocks live at the peak (``StepMemory.peak_segment_bytes``).
+        architecture: GPU architecture name from the catalog (e.g. "hopper"), for the cuBLAS workspace.
+        expandable_segments: Whether ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` is set.
+    """
+    workspace = CUBLAS_WORKSPACE_BYTES.get(
+        (architecture or "").lower(), CUBLAS_WORKSPACE_BYTES["default"]
+    )
+    allocated = peak_bytes + workspace
+    frag = FRAGMENTATION_EXPANDABLE if expandable_segments else FRAGMENTATION_CLASSIC
+    reserved = max(peak_segment_bytes + workspace, allocated)
+    reserved = int(reserved * (1 + frag))
+    reserved = -(-reserved // LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES
+    return CudaPrediction(
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        device_total_bytes=reserved + CUDA_CONTEXT_BYTES,
+        includes=[
+            f"allocated = traced peak (512-byte blocks) + cuBLAS workspace {workspace / MIB:.0f} MiB",
+            "reserved = allocator segments of the blocks live at the peak + workspace, "
+            f"x{1 + frag:.2f} fragmentation allowance ({'expandable' if expandable_segments else 'classic'} "
+            "segments; starting value, calibrated by bench/validate_gpu.py)",
+            f"device total = reserved + CUDA context {CUDA_CONTEXT_BYTES / MIB:.0f} MiB (not counted by torch)",
+        ],
+    )

@@ -1,0 +1,179 @@
+"""``simulate``: from a model name, a batch in seconds and a setup to a memory report.
+
+This is the call the CLI and the planner make. It resolves the model (bundled config, Hub
+id or local path; config only), turns seconds into the model's input length, traces the
+step (:func:`asrfit.memory.simulate.simulate_step`), shards model states for ZeRO/DDP
+(:mod:`asrfit.memory.zero`) and predicts CUDA allocated/reserved bytes
+(:mod:`asrfit.memory.allocator`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from asrfit.errors import UnsupportedModelError
+from asrfit.memory.adapters import SUPPORTED_FAMILIES, BatchShape, StepAdapter, hf_adapter
+from asrfit.memory.allocator import CudaPrediction, predict_cuda
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.memory.zero import shard_breakdown
+from asrfit.utils.serialization import JsonDataclass
+
+CHAR_LABELS_PER_SECOND = 15.0  # characters per second of read speech (LibriSpeech ~14-16)
+SUBWORD_LABELS_PER_SECOND = 4.0  # BPE tokens per second (Whisper, Parakeet vocabularies)
+
+
+@dataclass
+class MemoryReport(JsonDataclass):
+    """Predicted memory of one training step of a model on a GPU.
+
+    Attributes:
+        model: Model name.
+        setup: The setup.
+        batch: Padded batch shape in model-input units.
+        audio_seconds: Padded audio seconds per utterance.
+        step: The traced step (one process, whole model states).
+        breakdown_bytes: Per-device bytes by category after ZeRO/DDP sharding.
+        cuda: Allocated / reserved / device-total predictions.
+        gpu: GPU name the verdict is for, or None.
+        usable_bytes: Usable bytes of that GPU (memory x safety margin), or None.
+        fits: Whether predicted reserved bytes stay within usable bytes (None without a GPU).
+        notes: What the prediction rests on.
+    """
+
+    model: str
+    setup: Setup
+    batch: BatchShape
+    audio_seconds: float
+    step: StepMemory
+    breakdown_bytes: dict[str, int]
+    cuda: CudaPrediction
+    gpu: str | None = None
+    usable_bytes: int | None = None
+    fits: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_adapter(model: Any, *, freeze_feature_encoder: bool = True) -> tuple[StepAdapter, Any]:
+    """An adapter and a ModelProfile (or None) for a model spec, config or adapter.
+
+    Raises:
+        UnsupportedModelError: For a module or config of an unsupported class.
+    """
+    if isinstance(model, StepAdapter):
+        return model, None
+    from asrfit.profiles.model import ModelProfile, load_config
+
+    if hasattr(model, "parameters") and callable(model.parameters):
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: pass a model name, Hub id, config or StepAdapter, not a built module "
+            f"(the simulator builds the model itself on fake tensors). Supported families: {', '.join(SUPPORTED_FAMILIES)}."
+        )
+    config = (
+        model if hasattr(model, "to_dict") and hasattr(model, "model_type") else load_config(model)
+    )
+    profile = ModelProfile.from_spec(config, freeze_feature_encoder=freeze_feature_encoder)
+    name = model if isinstance(model, str) else profile.name
+    return hf_adapter(config, freeze_feature_encoder=freeze_feature_encoder, name=name), profile
+
+
+def batch_for_seconds(
+    profile: Any, batch_size: int, seconds: float, label_length: int | None = None
+) -> BatchShape:
+    """The padded batch shape of ``batch_size`` utterances of ``seconds`` for a model profile.
+
+    Label length defaults to 15 characters per second for character vocabularies (<= 64
+    symbols) and 4 tokens per second for subword vocabularies.
+    """
+    rate = profile.input_frames_per_second or 16000
+    if profile.max_input_seconds:  # Whisper pads every input to its window
+        seconds = min(seconds, profile.max_input_seconds)
+    input_length = max(1, round(seconds * rate))
+    if label_length is None:
+        per_second = (
+            CHAR_LABELS_PER_SECOND if (profile.vocab_size or 0) <= 64 else SUBWORD_LABELS_PER_SECOND
+        )
+        label_length = max(1, math.ceil(seconds * per_second))
+    return BatchShape(batch_size=batch_size, input_length=input_length, label_length=label_length)
+
+
+def simulate(
+    model: Any,
+    *,
+    batch_size: int,
+    seconds: float,
+    label_length: int | None = None,
+    setup: Setup | None = None,
+    gpu: Any = None,
+    target: str = "cuda",
+    expandable_segments: bool = True,
+) -> MemoryReport:
+    """Predict the memory of one training step.
+
+    Args:
+        model: Bundled name ("xls-r-1b"), Hub id, local path, transformers config, or a StepAdapter.
+        batch_size: Utterances per micro-batch.
+        seconds: Padded audio seconds per utterance.
+        label_length: Padded label length (Default: from ``seconds``, see :func:`batch_for_seconds`).
+        setup: Precision, checkpointing, optimizer, ZeRO (Default: fp32 AdamW).
+        gpu: A ``HardwareProfile`` or GPU name to judge the fit against, or None.
+        target: Kernels to follow, "cuda" (Default) or "cpu".
+        expandable_segments: Whether the run sets ``expandable_segments:True`` (asrfit's default).
+
+    Returns:
+        The report: breakdown, allocated/reserved predictions and, with a GPU, the verdict.
+    """
+    setup = setup or Setup()
+    adapter, profile = resolve_adapter(model, freeze_feature_encoder=setup.freeze_feature_encoder)
+    if profile is not None:
+        batch = batch_for_seconds(profile, batch_size, seconds, label_length)
+    else:
+        batch = BatchShape(
+            batch_size,
+            max(1, round(seconds * 16000)),
+            label_length or max(1, math.ceil(seconds * 15)),
+        )
+    step = simulate_step(adapter, batch, setup, target=target)
+    trainable = profile.trainable_params if profile is not None else 0
+    breakdown, notes = shard_breakdown(step.breakdown_bytes, setup, trainable)
+    hardware = _hardware(gpu)
+    arch = (
+        hardware.spec.architecture if hardware is not None and hardware.spec is not None else None
+    )
+    sharded_peak = step.peak_bytes + sum(breakdown.values()) - sum(step.breakdown_bytes.values())
+    segments = step.peak_segment_bytes + sharded_peak - step.peak_bytes
+    cuda = predict_cuda(
+        sharded_peak, segments, architecture=arch, expandable_segments=expandable_segments
+    )
+    notes = [*notes, *step.assumptions]
+    usable = fits = None
+    name = None
+    if hardware is not None:
+        usable = int(hardware.usable_bytes)
+        fits = cuda.reserved_bytes <= usable
+        name = hardware.spec.name if hardware.spec is not None else hardware.source
+    return MemoryReport(
+        model=adapter.name,
+        setup=setup,
+        batch=batch,
+        audio_seconds=seconds,
+        step=step,
+        breakdown_bytes=breakdown,
+        cuda=cuda,
+        gpu=name,
+        usable_bytes=usable,
+        fits=fits,
+        notes=notes,
+    )
+
+
+def _hardware(gpu: Any) -> Any:
+    if gpu is None:
+        return None
+    if isinstance(gpu, str):
+        from asrfit.profiles.hardware import HardwareProfile
+
+        return HardwareProfile.resolve(gpu)
+    return gpu

@@ -1,0 +1,79 @@
+"""ZeRO sharding and data parallelism applied to a traced breakdown, **by formula**.
+
+The trace runs one process with whole model states; what DeepSpeed and DDP change is
+counted here from the breakdown at the peak:
+
+- DDP (world size > 1, ZeRO 0): gradient buckets hold a second copy of the gradients
+  (``gradient_as_bucket_view=False``, the PyTorch default).
+- DeepSpeed keeps parameters and gradients in the training precision (bf16/fp16: 2 bytes)
+  and an fp32 master copy of the parameters in the optimizer state.
+- Stage 1 shards optimizer state over the world size; stage 2 also gradients (plus a
+  reduce bucket of ``reduce_bucket_size`` = 5e8 elements at most); stage 3 also parameters
+  (plus the gathered parameters in flight, ``stage3_prefetch_bucket_size`` = 5e7 elements
+  at most, DeepSpeed's defaults).
+- Offload moves the (sharded) optimizer state, and in stage 3 optionally the parameters,
+  to host memory.
+
+Activations and temporaries are left as traced.
+"""
+
+from __future__ import annotations
+
+from asrfit.memory.setup import Precision, Setup
+
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+PREFETCH_BUCKET_ELEMENTS = 50_000_000
+
+
+def shard_breakdown(
+    breakdown: dict[str, int], setup: Setup, trainable_params: int
+) -> tuple[dict[str, int], list[str]]:
+    """Return the per-device breakdown under ``setup``'s ZeRO stage and world size, and notes.
+
+    Args:
+        breakdown: Category -> bytes at the traced peak (one process, whole model states).
+        setup: The setup (its ``zero_stage``, offload flags and ``world_size`` are applied).
+        trainable_params: Number of trainable parameters.
+    """
+    out = dict(breakdown)
+    notes: list[str] = []
+    n = setup.world_size
+    if setup.zero_stage == 0:
+        if n > 1:
+            out["gradients"] = out.get("gradients", 0) * 2
+            notes.append(
+                "DDP: gradient buckets double the gradient bytes (gradient_as_bucket_view=False)"
+            )
+        return out, notes
+    half = setup.precision in (Precision.BF16, Precision.FP16)
+    if half:
+        master = out.get("parameters", 0)
+        out["parameters"] = master // 2
+        out["gradients"] = out.get("gradients", 0) // 2
+        out["optimizer_state"] = out.get("optimizer_state", 0) + master
+        notes.append(
+            "DeepSpeed mixed precision: 2-byte params/grads, fp32 master weights in optimizer state"
+        )
+    elem = 2 if half else 4
+    out["optimizer_state"] = 0 if setup.offload_optimizer else out.get("optimizer_state", 0) // n
+    notes.append(
+        f"ZeRO-{setup.zero_stage}: optimizer state / {n}"
+        + (" then offloaded to CPU" if setup.offload_optimizer else "")
+    )
+    if setup.zero_stage >= 2:
+        out["gradients"] = (
+            out.get("gradients", 0) // n + min(REDUCE_BUCKET_ELEMENTS, trainable_params) * elem
+        )
+        notes.append(f"ZeRO-2: gradients / {n} + reduce bucket")
+    if setup.zero_stage == 3:
+        gathered = min(PREFETCH_BUCKET_ELEMENTS, trainable_params) * elem
+        out["parameters"] = (
+            0 if setup.offload_params else out.get("parameters", 0) // n
+        ) + gathered
+        notes.append(
+            f"ZeRO-3: parameters / {n}"
+            + (" offloaded to CPU" if setup.offload_params else "")
+            + " + prefetch bucket"
+        )
+    notes.append("model states sharded by formula, not traced")
+    return out, notes

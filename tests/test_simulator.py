@@ -1,0 +1,127 @@
+"""The simulator against closed-form byte counts on tiny models.
+
+The MLP below is sized so that every tensor is a multiple of 512 bytes (no rounding
+slack): W1 is H x D floats, W2 is O x H, the input is B x D. Parameters, optimizer state
+and gradients have exact closed forms; the step's peak is bounded by them plus the few
+activation-sized tensors alive in backward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from asrfit.errors import ShapeError, UnsupportedModelError
+from asrfit.memory.adapters import BatchShape, StepAdapter, hf_adapter
+from asrfit.memory.optimizers import BNB_BLOCK
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+
+B, D, H, O = 4, 256, 512, 128
+W1_BYTES, W2_BYTES, BIAS_BYTES = H * D * 4, O * H * 4, O * 4
+X_BYTES, HIDDEN_BYTES = B * D * 4, B * H * 4
+
+
+def _mlp_adapter(bias: bool = False) -> StepAdapter:
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, O, bias=bias))
+
+    def make_inputs(shape: BatchShape, tracker: object) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(shape.batch_size, D)}
+
+    def loss(model: nn.Module, kw: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(kw["x"]).sum()
+
+    return StepAdapter("mlp", build, make_inputs, loss)
+
+
+SHAPE = BatchShape(batch_size=B, input_length=D, label_length=1)
+
+
+def test_sgd_momentum_step_matches_closed_form() -> None:
+    r = simulate_step(_mlp_adapter(), SHAPE, Setup(optimizer="sgd"), target="cpu")
+    params = W1_BYTES + W2_BYTES
+    assert r.breakdown_bytes["parameters"] == params
+    assert r.breakdown_bytes["optimizer_state"] == params  # one momentum buffer per parameter
+    assert r.breakdown_bytes["gradients"] == params  # both gradients exist at the peak
+    assert r.breakdown_bytes["inputs"] == X_BYTES
+    floor = 3 * params + X_BYTES
+    # Above the floor: at most the hidden activation and its gradient plus a few scalars.
+    assert floor <= r.peak_bytes <= floor + 2 * HIDDEN_BYTES + 4 * 512
+    assert sum(r.breakdown_bytes.values()) == r.peak_bytes
+
+
+def test_first_step_lacks_optimizer_state() -> None:
+    # A large batch puts the peak in backward (activations), where step 1 has no AdamW state yet.
+    big = BatchShape(batch_size=2048, input_length=D, label_length=1)
+    r = simulate_step(_mlp_adapter(), big, Setup(optimizer="adamw"), target="cpu")
+    params = W1_BYTES + W2_BYTES
+    assert r.breakdown_bytes["optimizer_state"] == 2 * params  # exp_avg and exp_avg_sq
+    assert r.peak_phase == "backward"
+    first, second = r.step_peaks_bytes
+    assert second - first == 2 * params  # the state made in step 1 is live through step 2
+
+
+def test_adamw8bit_state_follows_bitsandbytes_layout() -> None:
+    r = simulate_step(_mlp_adapter(bias=True), SHAPE, Setup(optimizer="adamw8bit"), target="cpu")
+    big = (H * D, O * H)  # >= 4096 elements: two uint8 states + two fp32 absmax per 256-block
+    expected = sum(2 * n + 2 * 4 * (n // BNB_BLOCK) for n in big)
+    expected += 2 * 4 * O  # the bias (128 elements) keeps two fp32 states
+    assert r.breakdown_bytes["optimizer_state"] == expected
+
+
+def test_ctc_labels_longer_than_frames_is_a_clear_error() -> None:
+    from transformers import Wav2Vec2Config
+
+    cfg = Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        conv_dim=(8,),
+        conv_stride=(5,),
+        conv_kernel=(10,),
+        num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2,
+        vocab_size=8,
+    )
+    cfg.architectures = ["Wav2Vec2ForCTC"]
+    with pytest.raises(ShapeError, match="CTC needs at least one frame per label"):
+        simulate_step(hf_adapter(cfg), BatchShape(1, 100, 50))
+
+
+def test_unsupported_config_names_class_and_supported_list() -> None:
+    from transformers import BertConfig
+
+    with pytest.raises(UnsupportedModelError, match="Wav2Vec2ForCTC"):
+        hf_adapter(BertConfig())
+
+
+def test_known_mask_gives_exact_masked_select_size() -> None:
+    """Value propagation: a mask with 3 of 8 True selects 3 elements, not 8."""
+
+    def build() -> nn.Module:
+        return nn.Linear(1, 1, bias=False)
+
+    def make_inputs(shape: BatchShape, tracker: object) -> dict[str, torch.Tensor]:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        from asrfit.memory.adapters import fake_with_value
+
+        with unset_fake_temporarily():
+            real = torch.tensor([1, 0, 0, 1, 0, 1, 0, 0], dtype=torch.bool)
+        return {"mask": fake_with_value(tracker, real), "x": torch.randn(8, 1024)}
+
+    seen: list[int] = []
+
+    def loss(model: nn.Module, kw: dict[str, torch.Tensor]) -> torch.Tensor:
+        idx = kw["mask"].nonzero().squeeze(1)
+        seen.append(idx.shape[0])
+        return model(kw["x"][idx].sum(1, keepdim=True)).sum()
+
+    r = simulate_step(
+        StepAdapter("masked", build, make_inputs, loss), BatchShape(1, 1, 1), Setup(optimizer="sgd")
+    )
+    assert seen == [3, 3]
+    assert r.assumptions == []
