@@ -18,6 +18,8 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(BIN)/python -m pip install -q -e ".[hf,dev]"
+	# lhotse declares an unpinned torch: install it without deps so torch stays as chosen.
+	$(BIN)/python -m pip install -q --no-deps "lhotse==1.33.0" audioread cytoolz toolz intervaltree tabulate urllib3
 	touch $@
 
 demo: $(VENV)/.installed

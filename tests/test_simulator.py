@@ -1,7 +1,7 @@
 """The simulator against closed-form byte counts on tiny models.
 
 The MLP below is sized so that every tensor is a multiple of 512 bytes (no rounding
-slack): W1 is H x D floats, W2 is O x H, the input is B x D. Parameters, optimizer state
+slack): W1 is H x D floats, W2 is OUT x H, the input is B x D. Parameters, optimizer state
 and gradients have exact closed forms; the step's peak is bounded by them plus the few
 activation-sized tensors alive in backward.
 """
@@ -18,14 +18,14 @@ from asrfit.memory.optimizers import BNB_BLOCK
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
 
-B, D, H, O = 4, 256, 512, 128
-W1_BYTES, W2_BYTES, BIAS_BYTES = H * D * 4, O * H * 4, O * 4
+B, D, H, OUT = 4, 256, 512, 128
+W1_BYTES, W2_BYTES, BIAS_BYTES = H * D * 4, OUT * H * 4, OUT * 4
 X_BYTES, HIDDEN_BYTES = B * D * 4, B * H * 4
 
 
 def _mlp_adapter(bias: bool = False) -> StepAdapter:
     def build() -> nn.Module:
-        return nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, O, bias=bias))
+        return nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, OUT, bias=bias))
 
     def make_inputs(shape: BatchShape, tracker: object) -> dict[str, torch.Tensor]:
         return {"x": torch.randn(shape.batch_size, D)}
@@ -65,9 +65,9 @@ def test_first_step_lacks_optimizer_state() -> None:
 
 def test_adamw8bit_state_follows_bitsandbytes_layout() -> None:
     r = simulate_step(_mlp_adapter(bias=True), SHAPE, Setup(optimizer="adamw8bit"), target="cpu")
-    big = (H * D, O * H)  # >= 4096 elements: two uint8 states + two fp32 absmax per 256-block
+    big = (H * D, OUT * H)  # >= 4096 elements: two uint8 states + two fp32 absmax per 256-block
     expected = sum(2 * n + 2 * 4 * (n // BNB_BLOCK) for n in big)
-    expected += 2 * 4 * O  # the bias (128 elements) keeps two fp32 states
+    expected += 2 * 4 * OUT  # the bias (128 elements) keeps two fp32 states
     assert r.breakdown_bytes["optimizer_state"] == expected
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from asrfit.cli.render import console
+from asrfit.cli.render import console, rows_table
 
 
 @click.command("demo-data")
@@ -36,4 +36,4 @@ def command(
         speech="espeak" if espeak else "synthetic",
         overwrite=overwrite,
     )
-    console.print(corpus.describe())
+    console.print(rows_table(f"Demo corpus in {out_dir}", corpus.summary_rows()))

@@ -8,8 +8,10 @@ during the trace.
 
 Values: the sizes a step allocates can depend on the *values* of small integer tensors
 (sequence lengths, label masks). Such tensors get a real shadow copy: when every input
-of an op has a known value and the op yields integers or booleans, it is also run on the
-real shadows. ``.item()``, ``masked_select``, ``nonzero`` and the CTC loss then see the
+of an op has a known value and the op yields integers or booleans (or any tensor of at
+most 4096 elements, e.g. lengths computed in float), it is also run on the real shadows.
+Seeded random ops never get a shadow, so a random draw stays unknown and the trace
+stays deterministic. ``.item()``, ``masked_select``, ``nonzero`` and the CTC loss then see the
 true lengths. Only values that are unknowable (random coin flips, values computed from
 float activations) fall back to the pessimistic rules in :mod:`asrfit.memory.datadep`.
 """
@@ -30,8 +32,10 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK_BYTES = 512
-# Integer/bool tensors up to this many elements get a real shadow value.
+# Integer/bool tensors up to this many elements get a real shadow value; so do tensors of
+# any dtype up to _MAX_SMALL_SHADOW_NUMEL (lengths computed in float, scalars).
 _MAX_SHADOW_NUMEL = 1 << 24
+_MAX_SMALL_SHADOW_NUMEL = 4096
 _INT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 
 
@@ -69,6 +73,26 @@ class TraceLog:
 
     blocks: dict[int, Block] = field(default_factory=dict)
     events: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _shadowable(t: torch.Tensor) -> bool:
+    if t.dtype in _INT_DTYPES:
+        return t.numel() <= _MAX_SHADOW_NUMEL
+    return t.numel() <= _MAX_SMALL_SHADOW_NUMEL
+
+
+def _mutated_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Tensors an op writes to in place (``Tensor(a!)`` and ``Tensor(a!)[]`` arguments)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    out: list[torch.Tensor] = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        out.extend(t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
+    return out
 
 
 def _user_frame() -> str:
@@ -181,9 +205,12 @@ class StorageTracker(TorchDispatchMode):
 
     def _propagate(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if not outs or any(
-            t.dtype not in _INT_DTYPES or t.numel() > _MAX_SHADOW_NUMEL for t in outs
-        ):
+        mutated = _mutated_tensors(func, args, kwargs)
+        if not outs and not mutated:
+            return
+        seeded = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+        if seeded or not all(_shadowable(t) for t in outs + mutated):
+            self._forget(mutated)  # random draws (dropout, layerdrop coin flips) stay unknown
             return
         known = True
 
@@ -198,31 +225,22 @@ class StorageTracker(TorchDispatchMode):
 
         rargs, rkwargs = tree_map(real, args), tree_map(real, kwargs)
         if not known:
-            self._forget_mutated(func, args)
+            self._forget(mutated)
             return
         with unset_fake_temporarily():
             rkwargs = {k: (torch.device("cpu") if k == "device" else v) for k, v in rkwargs.items()}
-            try:
+            try:  # in-place ops mutate the shadows here, keeping them in step
                 rout = func(*rargs, **rkwargs)
             except Exception:  # shadow evaluation is best effort; sizes never depend on it failing
-                self._forget_mutated(func, args)
+                self._forget(mutated)
                 return
-        for f, r in zip(
-            outs, [t for t in tree_flatten(rout)[0] if isinstance(t, torch.Tensor)], strict=False
-        ):
+        routs = [t for t in tree_flatten(rout)[0] if isinstance(t, torch.Tensor)]
+        for f, r in zip(outs, routs, strict=False):
             self._values[f] = r
 
-    def _forget_mutated(self, func: Any, args: tuple) -> None:
-        schema = getattr(func, "_schema", None)
-        if schema is None:
-            return
-        for arg, a in zip(schema.arguments, args, strict=False):
-            if (
-                arg.alias_info is not None
-                and arg.alias_info.is_write
-                and isinstance(a, torch.Tensor)
-            ):
-                self._values.pop(a, None)
+    def _forget(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            self._values.pop(t, None)
 
     # -- dispatch -------------------------------------------------------------------
     def __torch_dispatch__(

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import math
 import types
-
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 

@@ -1,0 +1,116 @@
+"""A cost model fitted to a handful of simulations, evaluated in microseconds by the planner.
+
+For one model and setup, the traced peak of a padded batch of ``B`` utterances, each
+``T`` input steps with ``U`` labels, is modelled as::
+
+    peak(B, T, U) = c0 + B * (a * T + b * T**2 + c * U)
+
+``c0`` holds what does not scale with the batch (parameters, gradients, optimizer state);
+``a*T`` the activations linear in length; ``b*T**2`` attention scores and masks; ``c*U``
+label-dependent tensors (CTC alignment lattices, decoder activations, transducer joints,
+whose ``T*U`` cross term the ``U`` column approximates at fixed frames-per-label). The
+fit is least squares on relative error, so small and large batches weigh alike, and
+reports its residuals. Check a fit against fresh simulations at shapes not used for
+fitting (``bench/memory_accuracy.py`` and the tests do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asrfit.utils.serialization import JsonDataclass
+
+Simulator = Callable[[int, int, int], int]
+
+
+@dataclass
+class PeakModel(JsonDataclass):
+    """``peak(B, T, U) = c0 + B * (a*T + b*T^2 + c*U)`` with its fit residuals.
+
+    Attributes:
+        c0_bytes: Batch-independent bytes.
+        a_bytes_per_step: Bytes per utterance per input step.
+        b_bytes_per_step2: Bytes per utterance per squared input step.
+        c_bytes_per_label: Bytes per utterance per label.
+        points: The ``(B, T, U, peak_bytes)`` points fitted.
+        max_relative_residual: Largest |fit - simulated| / simulated over the points.
+    """
+
+    c0_bytes: float
+    a_bytes_per_step: float
+    b_bytes_per_step2: float
+    c_bytes_per_label: float
+    points: list[list[int]] = field(default_factory=list)
+    max_relative_residual: float = 0.0
+
+    def predict(self, batch_size: int, input_length: int, label_length: int) -> float:
+        """Predicted peak bytes of a padded batch."""
+        t = float(input_length)
+        per_utt = (
+            self.a_bytes_per_step * t
+            + self.b_bytes_per_step2 * t * t
+            + self.c_bytes_per_label * label_length
+        )
+        return self.c0_bytes + batch_size * per_utt
+
+    def max_batch(self, budget_bytes: float, input_length: int, label_length: int) -> int:
+        """Largest batch whose predicted peak stays within ``budget_bytes`` (0 if none)."""
+        per_utt = self.predict(1, input_length, label_length) - self.c0_bytes
+        if per_utt <= 0:
+            return 0
+        return max(0, int((budget_bytes - self.c0_bytes) // per_utt))
+
+
+def _design(points: Iterable[tuple[int, int, int]]) -> np.ndarray:
+    return np.array([[1.0, b * t, b * t * t, b * u] for b, t, u in points], dtype=float)
+
+
+def fit_peak_model(points: list[tuple[int, int, int, int]]) -> PeakModel:
+    """Fit the model to ``(B, T, U, peak_bytes)`` points (at least 4, with 2+ lengths).
+
+    Raises:
+        ValueError: With fewer than 4 points.
+    """
+    if len(points) < 4:
+        raise ValueError(f"fit_peak_model needs at least 4 simulated points, got {len(points)}.")
+    x = _design((b, t, u) for b, t, u, _ in points)
+    y = np.array([p for *_, p in points], dtype=float)
+    weights = 1.0 / y  # relative error
+    coef, *_ = np.linalg.lstsq(x * weights[:, None], y * weights, rcond=None)
+    coef = np.maximum(coef, 0.0)  # memory never shrinks as a batch grows
+    fitted = x @ coef
+    residual = float(np.max(np.abs(fitted - y) / y))
+    return PeakModel(
+        c0_bytes=float(coef[0]),
+        a_bytes_per_step=float(coef[1]),
+        b_bytes_per_step2=float(coef[2]),
+        c_bytes_per_label=float(coef[3]),
+        points=[[int(v) for v in p] for p in points],
+        max_relative_residual=residual,
+    )
+
+
+def default_fit_shapes(max_input_length: int, labels_per_step: float) -> list[tuple[int, int, int]]:
+    """Five shapes spanning batch and length for a fit: two lengths at two batches, plus one."""
+    long_t = max_input_length
+    short_t = max(1, max_input_length // 3)
+    mid_t = max(1, (2 * max_input_length) // 3)
+
+    def u(t: int) -> int:
+        return max(1, round(t * labels_per_step))
+
+    return [
+        (1, short_t, u(short_t)),
+        (4, short_t, u(short_t)),
+        (1, long_t, u(long_t)),
+        (4, long_t, u(long_t)),
+        (2, mid_t, u(mid_t)),
+    ]
+
+
+def fit_from_simulator(simulator: Simulator, shapes: list[tuple[int, int, int]]) -> PeakModel:
+    """Run ``simulator(B, T, U) -> peak bytes`` on ``shapes`` and fit the model."""
+    return fit_peak_model([(b, t, u, int(simulator(b, t, u))) for b, t, u in shapes])

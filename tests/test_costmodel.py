@@ -1,0 +1,62 @@
+"""The fitted cost model recovers known coefficients and predicts held-out simulations."""
+
+from __future__ import annotations
+
+import pytest
+
+from asrfit.memory.costmodel import (
+    PeakModel,
+    default_fit_shapes,
+    fit_from_simulator,
+    fit_peak_model,
+)
+
+
+def test_fit_recovers_exact_coefficients() -> None:
+    def truth(b: int, t: int, u: int) -> int:
+        return 1_000_000 + b * (300 * t + 2 * t * t + 5_000 * u)
+
+    model = fit_from_simulator(truth, default_fit_shapes(2_000, 0.05))
+    assert model.c0_bytes == pytest.approx(1_000_000, rel=1e-6)
+    assert model.a_bytes_per_step == pytest.approx(300, rel=1e-6)
+    assert model.b_bytes_per_step2 == pytest.approx(2, rel=1e-6)
+    assert model.max_relative_residual < 1e-9
+    assert model.predict(7, 1_500, 60) == pytest.approx(truth(7, 1_500, 60), rel=1e-9)
+
+
+def test_max_batch_is_the_largest_that_fits() -> None:
+    model = PeakModel(c0_bytes=100.0, a_bytes_per_step=1.0, b_bytes_per_step2=0.0, c_bytes_per_label=0.0)
+    # peak(B, 10, 0) = 100 + 10 B: a 200-byte budget takes B = 10 exactly, not 11.
+    assert model.max_batch(200, 10, 0) == 10
+    assert model.max_batch(99, 10, 0) == 0
+
+
+def test_too_few_points_is_an_error() -> None:
+    with pytest.raises(ValueError, match="at least 4"):
+        fit_peak_model([(1, 1, 1, 10)] * 3)
+
+
+@pytest.mark.slow
+def test_fit_to_real_simulations_predicts_held_out_shapes() -> None:
+    """Fit on five traced shapes of a tiny wav2vec2, check two shapes not in the fit."""
+    from transformers import Wav2Vec2Config
+
+    from asrfit.memory.adapters import BatchShape, hf_adapter
+    from asrfit.memory.setup import Setup
+    from asrfit.memory.simulate import simulate_step
+
+    cfg = Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2, vocab_size=12, feat_extract_norm="layer",
+    )
+    cfg.architectures = ["Wav2Vec2ForCTC"]
+    adapter = hf_adapter(cfg)
+
+    def sim(b: int, t: int, u: int) -> int:
+        return simulate_step(adapter, BatchShape(b, t, u), Setup(precision="bf16")).peak_bytes
+
+    model = fit_from_simulator(sim, default_fit_shapes(12_000, 1 / 1000))
+    assert model.max_relative_residual < 0.05
+    for b, t, u in [(3, 6_000, 6), (6, 9_000, 9)]:
+        assert model.predict(b, t, u) == pytest.approx(sim(b, t, u), rel=0.05)
