@@ -23,8 +23,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/asrfit demo-data $(DEMO_DIR)
+	$(BIN)/asrfit demo-data $(DEMO_DIR) --overwrite
 	$(BIN)/asrfit profile --model wav2vec2-base --data $(DEMO_DIR)/train.jsonl --gpu $(DEMO_GPU)
+	$(BIN)/asrfit memory --model wav2vec2-base --batch 8 --seconds 16 --precision bf16 --gpu $(DEMO_GPU)
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench
