@@ -50,6 +50,10 @@ def test_sgd_momentum_step_matches_closed_form() -> None:
     # Above the floor: at most the hidden activation and its gradient plus a few scalars.
     assert floor <= r.peak_bytes <= floor + 2 * HIDDEN_BYTES + 4 * 512
     assert sum(r.breakdown_bytes.values()) == r.peak_bytes
+    # Forward 2BDH + 2BH*OUT; backward: layer 2 input and weight grads (2 x 2BH*OUT),
+    # layer 1 weight grad only (the input needs no grad): 2BDH.
+    assert r.flops == 4 * B * D * H + 6 * B * H * OUT
+    assert r.optimizer_state_bytes == params
 
 
 def test_first_step_lacks_optimizer_state() -> None:

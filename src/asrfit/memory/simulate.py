@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.allocator import segment_bytes
@@ -60,6 +61,11 @@ class StepMemory(JsonDataclass):
         peak_phase: Phase at the peak: forward, backward, optimizer or zero_grad.
         largest_transient_bytes: Largest kernel workspace accounted inside one op.
         peak_segment_bytes: CUDA allocator segment bytes holding the blocks live at the peak.
+        phase_peaks_bytes: Rounded peak of each phase of the last step (forward, backward,
+            optimizer, zero_grad), for cost models that separate batch-dependent phases.
+        optimizer_state_bytes: Optimizer state live after the last step (rounded).
+        flops: Floating-point operations of the last step's forward and backward
+            (``torch.utils.flop_counter`` on the same trace; includes checkpointing's recompute).
         assumptions: Pessimistic rules used where values were unknowable.
         trace_seconds: Wall time of the simulation.
     """
@@ -75,6 +81,9 @@ class StepMemory(JsonDataclass):
     peak_phase: str
     largest_transient_bytes: int = 0
     peak_segment_bytes: int = 0
+    phase_peaks_bytes: dict[str, int] = field(default_factory=dict)
+    optimizer_state_bytes: int = 0
+    flops: int = 0
     assumptions: list[str] = field(default_factory=list)
     trace_seconds: float = 0.0
 
@@ -94,6 +103,7 @@ def _analyse(
     blocks = tracker.log.blocks
     live_rounded = live_raw = 0
     step_peaks = [0] * (steps + 1)
+    phase_peaks: dict[str, int] = {}
     best = (-1, -1)  # (rounded peak within last step, event index)
     peak_raw = 0
     for i, (key, sign) in enumerate(tracker.log.events):
@@ -105,6 +115,8 @@ def _analyse(
         if sign > 0:
             s = b.step
             step_peaks[s] = max(step_peaks[s], live_rounded)
+            if s == steps:
+                phase_peaks[b.phase] = max(phase_peaks.get(b.phase, 0), live_rounded)
             if s == steps and live_rounded > best[0]:
                 best, peak_raw = (live_rounded, i), live_raw
     peak, at = best
@@ -130,6 +142,7 @@ def _analyse(
         phase,
         max(transients, default=0),
         segment_bytes(sizes),
+        phase_peaks,
     )
 
 
@@ -216,11 +229,14 @@ def simulate_step(
         model = _build(adapter, setup)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(setup, params)
-        with tracker:
+        flop_counter = FlopCounterMode(display=False)
+        flops_before_last = 0
+        with tracker, flop_counter:
             tracker.register(list(model.parameters()), "parameters")
             tracker.register(list(model.buffers()), "buffers")
             for step in range(1, steps + 1):
                 tracker.step = step
+                flops_before_last = flop_counter.get_total_flops()
                 with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
                     inputs = adapter.make_inputs(batch, tracker)
                     tracker.register(inputs, "inputs")
@@ -242,13 +258,18 @@ def simulate_step(
                 with _phase(tracker, "optimizer"):
                     optimizer.step()
                     device_state, host_state = _state_tensors(optimizer)
+                    state_bytes = sum(
+                        round_block(t.untyped_storage().nbytes()) for t in device_state
+                    )
                     tracker.retag(device_state, "optimizer_state")
                     tracker.retag(host_state, "host")
                     del device_state, host_state
                 with _phase(tracker, "zero_grad"):
                     optimizer.zero_grad(set_to_none=True)
                 del grads
-    peak, peak_raw, breakdown, step_peaks, phase, transient, segments = _analyse(tracker, steps)
+    peak, peak_raw, breakdown, step_peaks, phase, transient, segments, phase_peaks = _analyse(
+        tracker, steps
+    )
     assumptions = sorted({f"{a.op}: {a.rule} at {a.where}" for a in tracker.assumptions})
     return StepMemory(
         model=adapter.name,
@@ -262,6 +283,9 @@ def simulate_step(
         peak_phase=phase,
         largest_transient_bytes=transient,
         peak_segment_bytes=segments,
+        phase_peaks_bytes=phase_peaks,
+        optimizer_state_bytes=state_bytes,
+        flops=flop_counter.get_total_flops() - flops_before_last,
         assumptions=assumptions,
         trace_seconds=time.perf_counter() - started,
     )
