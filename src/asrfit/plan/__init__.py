@@ -1,0 +1,1 @@
+"""Plan: search the setups, choose buckets and accumulation, save and export the plan."""

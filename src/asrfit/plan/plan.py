@@ -1,0 +1,192 @@
+"""The ``Plan``: the chosen setup, its duration buckets and accumulation, with reasons.
+
+A plan is the only thing the runtime needs from the planning side. It is a JSON file a
+user can read, diff, edit and reload (:meth:`Plan.save` / :meth:`Plan.load`, validated,
+unknown keys named). Every prediction in it says what it rests on (``Plan.rests_on``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asrfit.errors import ConfigError
+from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.setup import Setup
+from asrfit.utils.serialization import JsonDataclass
+
+
+@dataclass
+class Bucket(JsonDataclass):
+    """A duration range and the largest batch of it that fits.
+
+    Attributes:
+        min_seconds: Shortest utterance of the bucket (exclusive, except for the first).
+        max_seconds: Longest utterance (inclusive); every batch is padded to at most this.
+        batch_size: Largest micro-batch whose predicted peak fits usable memory.
+        max_input_length: ``max_seconds`` in model-input units (samples or feature frames).
+        max_label_length: Longest label the limit was computed for.
+        predicted_peak_bytes: Predicted reserved bytes of a full batch of this bucket.
+        utterance_fraction: Share of the dataset's utterances in this bucket.
+        throughput_seconds_per_second: Predicted audio seconds trained per wall second here.
+    """
+
+    min_seconds: float
+    max_seconds: float
+    batch_size: int
+    max_input_length: int
+    max_label_length: int
+    predicted_peak_bytes: int
+    utterance_fraction: float
+    throughput_seconds_per_second: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_seconds < self.max_seconds:
+            raise ConfigError(
+                f"Bucket: min_seconds={self.min_seconds} must be >= 0 and below max_seconds={self.max_seconds}."
+            )
+        if self.batch_size < 1:
+            raise ConfigError(f"Bucket {self.max_seconds:g} s: batch_size={self.batch_size} must be at least 1.")
+
+
+@dataclass
+class DataDecisions(JsonDataclass):
+    """How the data side runs, each decision with its reason.
+
+    Attributes:
+        streaming: Read the dataset lazily instead of loading it (too big for host RAM).
+        cache_decoded_audio: Keep decoded audio in memory after the first epoch.
+        long_utterances: "chunk" or "filter" for utterances above the largest bucket.
+        max_seconds: Longest utterance trained on (the largest bucket's edge).
+        long_utterance_fraction: Share of utterances above ``max_seconds``.
+        num_workers: Data-loader worker processes.
+        reasons: One sentence per decision.
+    """
+
+    streaming: bool
+    cache_decoded_audio: bool
+    long_utterances: str
+    max_seconds: float
+    long_utterance_fraction: float
+    num_workers: int
+    reasons: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.long_utterances not in ("chunk", "filter"):
+            raise ConfigError(f"long_utterances={self.long_utterances!r}: use 'chunk' or 'filter'.")
+
+
+@dataclass
+class Plan(JsonDataclass):
+    """The fastest setup that fits, with per-bucket batch limits and accumulation.
+
+    Attributes:
+        model: Model name (bundled name, Hub id or path).
+        gpu: GPU name the plan is for.
+        usable_bytes: Usable memory per GPU (memory x safety margin).
+        setup: Precision, checkpointing, optimizer, ZeRO stage, offload, world size.
+        buckets: Duration buckets in increasing order.
+        gradient_accumulation_steps: Micro-batches per optimizer step on each process.
+        target_effective_batch: What was asked for, e.g. "32 utterances" or "0.5 hours".
+        effective_batch_utterances: Mean utterances per optimizer step over all processes.
+        effective_batch_hours: Mean audio hours per optimizer step over all processes.
+        predicted_throughput_seconds_per_second: Audio seconds trained per wall second (all GPUs).
+        predicted_epoch_seconds: Wall seconds for one epoch.
+        cost_model: The fitted peak-memory model the bucket limits come from.
+        data: Data-side decisions.
+        expandable_segments: Whether the run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+        alternatives: Other setups considered, one line each, fastest first.
+        warnings: Things the user should know (unreachable targets, filtered data).
+        rests_on: What each prediction is based on.
+    """
+
+    model: str
+    gpu: str
+    usable_bytes: int
+    setup: Setup
+    buckets: list[Bucket]
+    gradient_accumulation_steps: int
+    target_effective_batch: str
+    effective_batch_utterances: float
+    effective_batch_hours: float
+    predicted_throughput_seconds_per_second: float
+    predicted_epoch_seconds: float
+    cost_model: PeakModel
+    data: DataDecisions
+    expandable_segments: bool = True
+    alternatives: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    rests_on: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.buckets:
+            raise ConfigError("Plan.buckets: a plan needs at least one bucket.")
+        edges = [b.max_seconds for b in self.buckets]
+        if edges != sorted(edges):
+            raise ConfigError(f"Plan.buckets: max_seconds must increase, got {edges}.")
+        if self.gradient_accumulation_steps < 1:
+            raise ConfigError(f"Plan.gradient_accumulation_steps={self.gradient_accumulation_steps}: use 1 or more.")
+
+    @property
+    def bucket_duration_bins(self) -> list[float]:
+        """Upper edges of the buckets in seconds (NeMo's ``bucket_duration_bins``)."""
+        return [b.max_seconds for b in self.buckets]
+
+    @property
+    def bucket_batch_sizes(self) -> list[int]:
+        """Batch limit per bucket (NeMo's ``bucket_batch_size``)."""
+        return [b.batch_size for b in self.buckets]
+
+    @property
+    def max_batch_size(self) -> int:
+        """The largest per-bucket batch (short utterances)."""
+        return max(b.batch_size for b in self.buckets)
+
+    @property
+    def min_batch_size(self) -> int:
+        """The smallest per-bucket batch (the longest bucket): what a fixed-batch trainer can use."""
+        return min(b.batch_size for b in self.buckets)
+
+    def bucket_for(self, seconds: float) -> Bucket | None:
+        """The bucket an utterance of ``seconds`` falls in, or None above the largest."""
+        for b in self.buckets:
+            if seconds <= b.max_seconds:
+                return b
+        return None
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """Readable ``(label, value)`` rows for a table."""
+        gib = 2**30
+        rows = [
+            ("Model / GPU", f"{self.model} on {self.setup.world_size} x {self.gpu}"),
+            ("Setup", self.setup.describe()),
+            ("Usable memory", f"{self.usable_bytes / gib:.2f} GiB per GPU"),
+            ("Buckets", f"{len(self.buckets)} ({self.buckets[0].max_seconds:g}-{self.buckets[-1].max_seconds:g} s)"),
+            ("Gradient accumulation", f"{self.gradient_accumulation_steps} micro-batches per step"),
+            (
+                "Effective batch",
+                f"{self.effective_batch_utterances:.1f} utterances, {self.effective_batch_hours * 60:.2f} min of audio"
+                f" (target {self.target_effective_batch})",
+            ),
+            ("Predicted throughput", f"{self.predicted_throughput_seconds_per_second:,.1f} audio s/s"),
+            ("Predicted epoch", f"{self.predicted_epoch_seconds / 60:,.1f} min"),
+            ("Data", ", ".join(self.data.reasons)),
+        ]
+        rows += [("Warning", w) for w in self.warnings]
+        return rows
+
+    def bucket_rows(self) -> list[tuple[str, str, str, str, str]]:
+        """Per-bucket ``(range, batch, predicted peak, headroom, throughput)`` rows."""
+        gib = 2**30
+        out = []
+        for b in self.buckets:
+            headroom = (self.usable_bytes - b.predicted_peak_bytes) / gib
+            out.append(
+                (
+                    f"{b.min_seconds:.1f}-{b.max_seconds:.1f} s",
+                    str(b.batch_size),
+                    f"{b.predicted_peak_bytes / gib:.2f} GiB",
+                    f"{headroom:.2f} GiB",
+                    f"{b.throughput_seconds_per_second:,.1f}",
+                )
+            )
+        return out
