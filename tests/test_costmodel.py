@@ -14,12 +14,15 @@ from asrfit.memory.costmodel import (
 
 def test_fit_recovers_exact_coefficients() -> None:
     def truth(b: int, t: int, u: int) -> int:
-        return 1_000_000 + b * (300 * t + 2 * t * t + 5_000 * u)
+        return 1_000_000 + b * (70_000 + 300 * t + 2 * t * t + 5_000 * u)
 
-    model = fit_from_simulator(truth, default_fit_shapes(2_000, 0.05))
+    shapes = [(1, 500, 10), (4, 500, 40), (1, 2_000, 30), (4, 2_000, 100), (2, 1_000, 80), (3, 1_500, 20)]
+    model = fit_from_simulator(truth, shapes)
     assert model.c0_bytes == pytest.approx(1_000_000, rel=1e-6)
     assert model.a_bytes_per_step == pytest.approx(300, rel=1e-6)
     assert model.b_bytes_per_step2 == pytest.approx(2, rel=1e-6)
+    assert model.c_bytes_per_label == pytest.approx(5_000, rel=1e-6)
+    assert model.d_bytes_per_utterance == pytest.approx(70_000, rel=1e-6)
     assert model.max_relative_residual < 1e-9
     assert model.predict(7, 1_500, 60) == pytest.approx(truth(7, 1_500, 60), rel=1e-9)
 

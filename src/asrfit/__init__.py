@@ -16,6 +16,12 @@ _LAZY = {
     "HardwareProfile": "asrfit.profiles.hardware",
     "DatasetProfile": "asrfit.profiles.dataset",
     "ModelProfile": "asrfit.profiles.model",
+    "TrainingConfig": "asrfit.plan.seed_api",
+    "ASRConfigManager": "asrfit.plan.seed_api",
+    "create_optimal_config": "asrfit.plan.seed_api",
+    "Plan": "asrfit.plan.plan",
+    "plan": "asrfit.plan.search",
+    "simulate": "asrfit.memory.report",
 }
 
 __all__ = [*_LAZY, "__version__"]

@@ -34,9 +34,9 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from asrfit.cli import demo, gpus, memory, profile
+    from asrfit.cli import demo, gpus, memory, plan, profile
 
-    for module in (profile, demo, gpus, memory):
+    for module in (profile, demo, gpus, memory, plan):
         cli.add_command(module.command)
 
 

@@ -3,13 +3,15 @@
 For one model and setup, the traced peak of a padded batch of ``B`` utterances, each
 ``T`` input steps with ``U`` labels, is modelled as::
 
-    peak(B, T, U) = c0 + B * (a * T + b * T**2 + c * U)
+    peak(B, T, U) = c0 + B * (d + a * T + b * T**2 + c * U)
 
 ``c0`` holds what does not scale with the batch (parameters, gradients, optimizer state);
+``d`` what every utterance costs whatever its length (Whisper pads every input to 30 s);
 ``a*T`` the activations linear in length; ``b*T**2`` attention scores and masks; ``c*U``
 label-dependent tensors (CTC alignment lattices, decoder activations, transducer joints,
 whose ``T*U`` cross term the ``U`` column approximates at fixed frames-per-label). The
-fit is least squares on relative error, so small and large batches weigh alike, and
+fit is non-negative least squares on relative error, so small and large batches weigh
+alike, and
 reports its residuals. Check a fit against fresh simulations at shapes not used for
 fitting (``bench/memory_accuracy.py`` and the tests do).
 """
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import nnls
 
 from asrfit.utils.serialization import JsonDataclass
 
@@ -28,13 +31,14 @@ Simulator = Callable[[int, int, int], int]
 
 @dataclass
 class PeakModel(JsonDataclass):
-    """``peak(B, T, U) = c0 + B * (a*T + b*T^2 + c*U)`` with its fit residuals.
+    """``peak(B, T, U) = c0 + B * (d + a*T + b*T^2 + c*U)`` with its fit residuals.
 
     Attributes:
         c0_bytes: Batch-independent bytes.
         a_bytes_per_step: Bytes per utterance per input step.
         b_bytes_per_step2: Bytes per utterance per squared input step.
         c_bytes_per_label: Bytes per utterance per label.
+        d_bytes_per_utterance: Bytes per utterance independent of its length.
         points: The ``(B, T, U, peak_bytes)`` points fitted.
         max_relative_residual: Largest |fit - simulated| / simulated over the points.
     """
@@ -43,6 +47,7 @@ class PeakModel(JsonDataclass):
     a_bytes_per_step: float
     b_bytes_per_step2: float
     c_bytes_per_label: float
+    d_bytes_per_utterance: float = 0.0
     points: list[list[int]] = field(default_factory=list)
     max_relative_residual: float = 0.0
 
@@ -50,7 +55,8 @@ class PeakModel(JsonDataclass):
         """Predicted peak bytes of a padded batch."""
         t = float(input_length)
         per_utt = (
-            self.a_bytes_per_step * t
+            self.d_bytes_per_utterance
+            + self.a_bytes_per_step * t
             + self.b_bytes_per_step2 * t * t
             + self.c_bytes_per_label * label_length
         )
@@ -65,7 +71,7 @@ class PeakModel(JsonDataclass):
 
 
 def _design(points: Iterable[tuple[int, int, int]]) -> np.ndarray:
-    return np.array([[1.0, b * t, b * t * t, b * u] for b, t, u in points], dtype=float)
+    return np.array([[1.0, b * t, b * t * t, b * u, float(b)] for b, t, u in points], dtype=float)
 
 
 def fit_peak_model(points: list[tuple[int, int, int, int]]) -> PeakModel:
@@ -78,9 +84,13 @@ def fit_peak_model(points: list[tuple[int, int, int, int]]) -> PeakModel:
         raise ValueError(f"fit_peak_model needs at least 4 simulated points, got {len(points)}.")
     x = _design((b, t, u) for b, t, u, _ in points)
     y = np.array([p for *_, p in points], dtype=float)
-    weights = 1.0 / y  # relative error
-    coef, *_ = np.linalg.lstsq(x * weights[:, None], y * weights, rcond=None)
-    coef = np.maximum(coef, 0.0)  # memory never shrinks as a batch grows
+    # Relative error, columns scaled to unit size, non-negative coefficients (memory never
+    # shrinks as a batch grows): solved with scipy's NNLS.
+    weighted = x / y[:, None]
+    scale = np.abs(weighted).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(weighted / scale, np.ones_like(y))
+    coef = coef / scale
     fitted = x @ coef
     residual = float(np.max(np.abs(fitted - y) / y))
     return PeakModel(
@@ -88,6 +98,7 @@ def fit_peak_model(points: list[tuple[int, int, int, int]]) -> PeakModel:
         a_bytes_per_step=float(coef[1]),
         b_bytes_per_step2=float(coef[2]),
         c_bytes_per_label=float(coef[3]),
+        d_bytes_per_utterance=float(coef[4]),
         points=[[int(v) for v in p] for p in points],
         max_relative_residual=residual,
     )

@@ -45,7 +45,9 @@ class Bucket(JsonDataclass):
                 f"Bucket: min_seconds={self.min_seconds} must be >= 0 and below max_seconds={self.max_seconds}."
             )
         if self.batch_size < 1:
-            raise ConfigError(f"Bucket {self.max_seconds:g} s: batch_size={self.batch_size} must be at least 1.")
+            raise ConfigError(
+                f"Bucket {self.max_seconds:g} s: batch_size={self.batch_size} must be at least 1."
+            )
 
 
 @dataclass
@@ -124,7 +126,9 @@ class Plan(JsonDataclass):
         if edges != sorted(edges):
             raise ConfigError(f"Plan.buckets: max_seconds must increase, got {edges}.")
         if self.gradient_accumulation_steps < 1:
-            raise ConfigError(f"Plan.gradient_accumulation_steps={self.gradient_accumulation_steps}: use 1 or more.")
+            raise ConfigError(
+                f"Plan.gradient_accumulation_steps={self.gradient_accumulation_steps}: use 1 or more."
+            )
 
     @property
     def bucket_duration_bins(self) -> list[float]:
@@ -160,14 +164,20 @@ class Plan(JsonDataclass):
             ("Model / GPU", f"{self.model} on {self.setup.world_size} x {self.gpu}"),
             ("Setup", self.setup.describe()),
             ("Usable memory", f"{self.usable_bytes / gib:.2f} GiB per GPU"),
-            ("Buckets", f"{len(self.buckets)} ({self.buckets[0].max_seconds:g}-{self.buckets[-1].max_seconds:g} s)"),
+            (
+                "Buckets",
+                f"{len(self.buckets)} ({self.buckets[0].max_seconds:g}-{self.buckets[-1].max_seconds:g} s)",
+            ),
             ("Gradient accumulation", f"{self.gradient_accumulation_steps} micro-batches per step"),
             (
                 "Effective batch",
                 f"{self.effective_batch_utterances:.1f} utterances, {self.effective_batch_hours * 60:.2f} min of audio"
                 f" (target {self.target_effective_batch})",
             ),
-            ("Predicted throughput", f"{self.predicted_throughput_seconds_per_second:,.1f} audio s/s"),
+            (
+                "Predicted throughput",
+                f"{self.predicted_throughput_seconds_per_second:,.1f} audio s/s",
+            ),
             ("Predicted epoch", f"{self.predicted_epoch_seconds / 60:,.1f} min"),
             ("Data", ", ".join(self.data.reasons)),
         ]

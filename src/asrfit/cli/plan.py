@@ -1,0 +1,120 @@
+"""``asrfit plan``: the fastest setup that fits, with buckets and accumulation; save and export it."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from asrfit.cli.render import console, print_json, rows_table
+
+
+@click.command("plan")
+@click.option(
+    "--model", "model_spec", required=True, help="Bundled name, Hugging Face id or local path."
+)
+@click.option("--data", "data_source", required=True, help="JSONL manifest or audio folder.")
+@click.option(
+    "--gpu", default="auto", show_default=True, help="GPU name (e.g. L4) or 'auto' to detect."
+)
+@click.option(
+    "--target-batch",
+    type=int,
+    default=32,
+    show_default=True,
+    help="Utterances per optimizer step (all GPUs).",
+)
+@click.option(
+    "--target-hours", type=float, default=None, help="Audio hours per optimizer step instead."
+)
+@click.option(
+    "--safety", type=float, default=0.85, show_default=True, help="Fraction of GPU memory to use."
+)
+@click.option(
+    "--world-size", type=int, default=None, help="GPUs / processes (default: detected or 1)."
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "bf16", "fp16", "pure_bf16"]),
+    default=None,
+    help="Force a precision.",
+)
+@click.option(
+    "--max-seconds",
+    type=float,
+    default=None,
+    help="Largest bucket edge; longer utterances are chunked or filtered.",
+)
+@click.option(
+    "--long-utterances", type=click.Choice(["chunk", "filter"]), default="chunk", show_default=True
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the plan JSON here.",
+)
+@click.option(
+    "--export",
+    "export_fmt",
+    default=None,
+    help="Print the plan for: hf, deepspeed, accelerate, nemo, lightning.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def command(
+    model_spec: str,
+    data_source: str,
+    gpu: str,
+    target_batch: int,
+    target_hours: float | None,
+    safety: float,
+    world_size: int | None,
+    precision: str | None,
+    max_seconds: float | None,
+    long_utterances: str,
+    out_path: str | None,
+    export_fmt: str | None,
+    as_json: bool,
+) -> None:
+    """Plan training of MODEL on DATA for a GPU: setup, buckets, accumulation, data decisions."""
+    from asrfit.plan.exports import export_text
+    from asrfit.plan.search import plan
+    from asrfit.profiles.dataset import DatasetProfile
+    from asrfit.profiles.hardware import HardwareProfile
+
+    hardware = HardwareProfile.resolve(gpu, safety_margin=safety, num_gpus=world_size)
+    dataset = DatasetProfile.from_source(data_source)
+    result = plan(
+        hardware,
+        dataset,
+        model_spec,
+        target_effective_batch=target_batch,
+        target_hours=target_hours,
+        precision=precision,
+        world_size=world_size,
+        long_utterances=long_utterances,
+        max_seconds=max_seconds,
+    )
+    if export_fmt is not None:
+        text = export_text(result, export_fmt)  # validate the format before writing anything
+    if out_path:
+        result.save(out_path)
+    if export_fmt is not None:
+        click.echo(text)
+        return
+    if as_json:
+        print_json(result.to_dict())
+        return
+    console.print(rows_table("Plan", result.summary_rows()))
+    table = Table(title="Buckets", title_justify="left")
+    for col in ("duration", "batch", "predicted reserved", "headroom", "audio s/s"):
+        table.add_column(col, justify="right")
+    for row in result.bucket_rows():
+        table.add_row(*row)
+    console.print(table)
+    for line in result.rests_on:
+        console.print(f"- {line}", highlight=False)
+    if result.alternatives:
+        console.print("Also fits: " + "; ".join(result.alternatives), highlight=False)
+    if out_path:
+        console.print(f"plan written to {out_path}")

@@ -1,0 +1,228 @@
+"""Per-setup memory and FLOP models, fitted to a few cached simulations.
+
+Cost per setup, from traces of **one** step (half the work of two):
+
+- Forward/backward peak of step 1 has no optimizer state yet; the steady (step 2) peak of
+  those phases is the same plus the optimizer state bytes, which step 1 creates. Fitted
+  over four shapes per (precision, checkpointing) as ``c0 + B*(aT + bT^2 + cU)``.
+- The optimizer phase's peak (grads, state and the update's temporaries; no activations)
+  does not depend on the batch: one tiny trace per (precision, optimizer).
+- FLOPs per step ``B*(aT + bT^2 + cU)`` from the same traces (checkpointing's recompute
+  included).
+
+The steady peak of a batch is the larger of the two phases. ZeRO and DDP change model
+states by formula (:func:`asrfit.memory.zero.shard_breakdown`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from asrfit.memory.adapters import BatchShape, StepAdapter
+from asrfit.memory.allocator import predict_cuda
+from asrfit.memory.cache import cache_key, cached
+from asrfit.memory.costmodel import PeakModel, fit_peak_model
+from asrfit.memory.setup import OptimizerKind, Precision, Setup
+from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.memory.zero import shard_breakdown
+
+
+@dataclass
+class SetupCosts:
+    """Memory and compute of one setup as functions of the batch shape."""
+
+    setup: Setup
+    memory: PeakModel  # steady forward/backward peak, traced bytes, unsharded
+    optimizer_peak_bytes: int  # steady optimizer-phase peak, unsharded
+    model_state_bytes: int  # parameters + gradients + optimizer state, unsharded
+    sharded_state_bytes: int  # the same after ZeRO/DDP
+    flops: PeakModel  # FLOPs of forward + backward
+    architecture: str | None = None
+    expandable_segments: bool = True
+
+    def traced_peak(self, batch_size: int, input_length: int, label_length: int) -> float:
+        """Predicted traced peak (allocated before workspaces) per device."""
+        peak = max(
+            self.memory.predict(batch_size, input_length, label_length),
+            float(self.optimizer_peak_bytes),
+        )
+        return peak - self.model_state_bytes + self.sharded_state_bytes
+
+    def reserved_bytes(self, batch_size: int, input_length: int, label_length: int) -> int:
+        """Predicted ``max_memory_reserved`` per device (see :mod:`asrfit.memory.allocator`)."""
+        peak = int(self.traced_peak(batch_size, input_length, label_length))
+        return predict_cuda(
+            peak, peak, architecture=self.architecture, expandable_segments=self.expandable_segments
+        ).reserved_bytes
+
+    def max_batch(
+        self, usable_bytes: int, input_length: int, label_length: int, cap: int = 4096
+    ) -> int:
+        """Largest batch whose predicted reserved bytes stay within ``usable_bytes`` (0 if none)."""
+        if self.reserved_bytes(1, input_length, label_length) > usable_bytes:
+            return 0
+        lo, hi = 1, 2
+        while hi <= cap and self.reserved_bytes(hi, input_length, label_length) <= usable_bytes:
+            lo, hi = hi, hi * 2
+        hi = min(hi, cap + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.reserved_bytes(mid, input_length, label_length) <= usable_bytes:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+def _fit_shapes(max_input_length: int) -> list[tuple[int, int]]:
+    """Coarse (batch, length) shapes for a first fit."""
+    t = max_input_length
+    return [(1, t // 4), (1, t), (2, t // 2), (2, t)]
+
+
+_REFINE_MAX_BATCH = 512
+_NEAR_BUDGET = 0.25  # points above this share of the budget decide the final fit
+
+
+class CostEstimator:
+    """Fits :class:`SetupCosts` for one model, reusing simulations across setups and runs.
+
+    Args:
+        adapter: The model's step adapter.
+        model_key: A string that identifies the model config (cache key).
+        trainable_params: Trainable parameter count (for ZeRO formulas).
+        min_input_length: Input length of a tiny shape (about 1 s of audio).
+        target: Kernels to follow ("cuda").
+    """
+
+    def __init__(
+        self,
+        adapter: StepAdapter,
+        model_key: str,
+        trainable_params: int,
+        min_input_length: int,
+        target: str = "cuda",
+    ) -> None:
+        self.adapter = adapter
+        self.model_key = model_key
+        self.trainable_params = trainable_params
+        self.min_input_length = min_input_length
+        self.target = target
+        self.simulations = 0
+        self._fits: dict[tuple, tuple[PeakModel, PeakModel]] = {}
+        self._optimizer: dict[tuple, StepMemory] = {}
+
+    def _simulate(self, batch: BatchShape, setup: Setup) -> StepMemory:
+        key = cache_key(self.model_key, batch, setup, self.target, 1)
+
+        def compute() -> StepMemory:
+            self.simulations += 1
+            return simulate_step(self.adapter, batch, setup, target=self.target, steps=1)
+
+        return cached(key, compute)
+
+    def _activation_fit(
+        self, setup: Setup, max_input_length: int, labels_per_step: float, budget_bytes: int | None
+    ) -> tuple[PeakModel, PeakModel]:
+        key = (
+            setup.precision,
+            setup.gradient_checkpointing,
+            setup.freeze_feature_encoder,
+            max_input_length,
+            budget_bytes,
+        )
+        if key not in self._fits:
+            base = Setup(
+                precision=setup.precision,
+                gradient_checkpointing=setup.gradient_checkpointing,
+                optimizer=OptimizerKind.SGD,
+                freeze_feature_encoder=setup.freeze_feature_encoder,
+            )
+            points: list[tuple[int, int, int, int]] = []
+            flop_points: list[tuple[int, int, int, int]] = []
+
+            def trace(b: int, t: int) -> None:
+                t = max(t, self.min_input_length)
+                u = max(1, round(t * labels_per_step))
+                step = self._simulate(BatchShape(b, t, u), base)
+                # Step 1 has no optimizer state during forward/backward (it is made afterwards).
+                fwd_bwd = max(
+                    step.phase_peaks_bytes.get("forward", 0),
+                    step.phase_peaks_bytes.get("backward", 0),
+                )
+                points.append((b, t, u, fwd_bwd))
+                flop_points.append((b, t, u, max(step.flops, 1)))
+
+            for b, t in _fit_shapes(max_input_length):
+                trace(b, t)
+            memory = fit_peak_model(points)
+            if budget_bytes is not None:
+                # Refine where the planner decides: the largest batch that fits at three
+                # lengths, and half of it; then fit on the points near the budget.
+                for t in (max_input_length // 4, max_input_length // 2, max_input_length):
+                    u = max(1, round(t * labels_per_step))
+                    b = min(memory.max_batch(budget_bytes, t, u), _REFINE_MAX_BATCH)
+                    for batch in sorted({b, b // 2} - {0, 1, 2}):
+                        trace(batch, t)
+                near = [p for p in points if p[3] >= _NEAR_BUDGET * budget_bytes]
+                memory = fit_peak_model(near if len(near) >= 4 else points)
+            self._fits[key] = (memory, fit_peak_model(flop_points))
+        return self._fits[key]
+
+    def _optimizer_trace(self, setup: Setup) -> StepMemory:
+        key = (setup.precision, setup.optimizer, setup.freeze_feature_encoder)
+        if key not in self._optimizer:
+            base = Setup(
+                precision=setup.precision,
+                optimizer=setup.optimizer,
+                freeze_feature_encoder=setup.freeze_feature_encoder,
+            )
+            self._optimizer[key] = self._simulate(BatchShape(1, self.min_input_length, 1), base)
+        return self._optimizer[key]
+
+    def costs(
+        self,
+        setup: Setup,
+        max_input_length: int,
+        labels_per_step: float,
+        architecture: str | None = None,
+        budget_bytes: int | None = None,
+    ) -> SetupCosts:
+        """Fit the costs of ``setup`` for batches up to ``max_input_length``.
+
+        With ``budget_bytes`` (usable memory), the fit is refined by traces at the largest
+        batches that fit, where the planner's limits are decided.
+        """
+        memory, flops = self._activation_fit(setup, max_input_length, labels_per_step, budget_bytes)
+        opt = self._optimizer_trace(setup)
+        state = opt.optimizer_state_bytes
+        steady = PeakModel(
+            c0_bytes=memory.c0_bytes + state,
+            a_bytes_per_step=memory.a_bytes_per_step,
+            b_bytes_per_step2=memory.b_bytes_per_step2,
+            c_bytes_per_label=memory.c_bytes_per_label,
+            d_bytes_per_utterance=memory.d_bytes_per_utterance,
+            points=memory.points,
+            max_relative_residual=memory.max_relative_residual,
+        )
+        param_bytes = opt.breakdown_bytes.get("parameters", 0)
+        grad_bytes = self.trainable_params * (2 if setup.precision is Precision.PURE_BF16 else 4)
+        states = {"parameters": param_bytes, "gradients": grad_bytes, "optimizer_state": state}
+        sharded, _ = shard_breakdown(states, setup, self.trainable_params)
+        return SetupCosts(
+            setup=setup,
+            memory=steady,
+            optimizer_peak_bytes=opt.phase_peaks_bytes.get("optimizer", 0),
+            model_state_bytes=sum(states.values()),
+            sharded_state_bytes=sum(sharded.values()),
+            flops=flops,
+            architecture=architecture,
+        )
+
+
+def model_key(config: object) -> str:
+    """A stable string for a transformers config (its JSON), for cache keys."""
+    to_dict = getattr(config, "to_diff_dict", None) or getattr(config, "to_dict", None)
+    data = to_dict() if to_dict is not None else repr(config)
+    return json.dumps(data, sort_keys=True, default=str)

@@ -1,0 +1,421 @@
+"""``plan``: the fastest setup that fits, with duration buckets and accumulation.
+
+1. Candidate setups: precision (bf16 where the GPU has it, else fp16 with a scaler; fp32
+   when asked), gradient checkpointing off/on, AdamW / 8-bit AdamW / Adafactor, and with
+   several GPUs DDP or ZeRO 1-3; ZeRO with CPU offload only when nothing else fits.
+2. Each setup's memory and FLOPs come from cached simulations (:mod:`asrfit.plan.costs`).
+3. For each setup, bucket edges are fitted to the dataset's durations (equal audio per
+   bucket, several bucket counts tried); each bucket gets the largest batch whose
+   predicted *reserved* memory fits usable memory; the bucket count with the highest
+   predicted throughput wins (bins and limits chosen together).
+4. The setup with the highest predicted throughput (audio seconds per second) wins.
+5. Accumulation meets the target effective batch; data-side decisions follow host RAM.
+
+Throughput model: step time = traced FLOPs / (catalog peak rate x efficiency) plus the
+optimizer's memory traffic / bandwidth once per optimizer step. The efficiencies are
+stated assumptions (below), not measurements.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from asrfit.errors import AsrfitError, ConfigError
+from asrfit.memory.adapters import SUPPORTED_FAMILIES
+from asrfit.memory.allocator import CUDA_CONTEXT_BYTES
+from asrfit.memory.report import CHAR_LABELS_PER_SECOND, resolve_adapter
+from asrfit.memory.setup import OptimizerKind, Precision, Setup
+from asrfit.plan.costs import CostEstimator, SetupCosts, model_key
+from asrfit.plan.plan import Bucket, DataDecisions, Plan
+
+logger = logging.getLogger(__name__)
+
+# Fraction of the catalog's dense peak that training kernels reach (model FLOPs utilisation).
+# Stated assumptions: typical of transformer training at these sizes; not measured here.
+MFU = {Precision.BF16: 0.40, Precision.FP16: 0.40, Precision.PURE_BF16: 0.45, Precision.FP32: 0.50}
+# Bytes of optimizer-state traffic per trainable parameter and step (read + write).
+OPTIMIZER_TRAFFIC_BYTES = {
+    OptimizerKind.ADAMW: 32,
+    OptimizerKind.ADAMW_8BIT: 14,
+    OptimizerKind.ADAFACTOR: 16,
+    OptimizerKind.SGD: 16,
+}
+BUCKET_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 30)
+CHARS_PER_SUBWORD = 4.0  # characters per BPE token for subword vocabularies
+WORKER_HOST_BYTES = 2 << 30  # host RAM a decoding data-loader worker may use
+
+
+class PlanError(AsrfitError, ValueError):
+    """No setup fits, or the request cannot be planned."""
+
+
+@dataclass
+class _Candidate:
+    costs: SetupCosts
+    buckets: list[Bucket]
+    throughput: float
+    epoch_seconds: float
+
+
+def candidate_setups(
+    hardware: Any,
+    precision: str | None,
+    world_size: int,
+    freeze_feature_encoder: bool,
+    offload: bool,
+) -> list[Setup]:
+    """The setups searched, cheapest in memory last."""
+    if precision is not None:
+        precisions = [Precision(precision)]
+    elif hardware.num_gpus == 0:
+        precisions = [Precision.FP32]
+    else:
+        precisions = [Precision.BF16 if hardware.supports_bf16 else Precision.FP16]
+    stages: list[tuple[int, bool]] = (
+        [(0, False)] if world_size == 1 else [(0, False), (1, False), (2, False), (3, False)]
+    )
+    if offload:
+        stages = [(2, True), (3, True)]
+    setups = []
+    for p in precisions:
+        for ckpt in (False, True):
+            for opt in (OptimizerKind.ADAMW, OptimizerKind.ADAMW_8BIT, OptimizerKind.ADAFACTOR):
+                for stage, off in stages:
+                    setups.append(
+                        Setup(
+                            precision=p,
+                            gradient_checkpointing=ckpt,
+                            optimizer=opt,
+                            freeze_feature_encoder=freeze_feature_encoder,
+                            zero_stage=stage,
+                            offload_optimizer=off,
+                            world_size=world_size,
+                        )
+                    )
+    return setups
+
+
+def _bucket_edges(durations: np.ndarray, count: int, max_seconds: float) -> list[float]:
+    """Upper edges that split the audio into ``count`` parts of equal total duration."""
+    d = np.sort(durations[durations <= max_seconds])
+    if count == 1 or d.size < count:
+        return [max_seconds]
+    cum = np.cumsum(d) / d.sum()
+    edges = [float(d[np.searchsorted(cum, k / count)]) for k in range(1, count)]
+    edges = sorted({round(e, 2) for e in edges if 0 < e < max_seconds})
+    return [*edges, max_seconds]
+
+
+def _step_seconds(costs: SetupCosts, hardware: Any, b: int, t: int, u: int) -> float:
+    peak = (
+        hardware.peak_tflops("fp32" if costs.setup.precision is Precision.FP32 else "bf16") or 0.0
+    )
+    if costs.setup.precision is Precision.FP16:
+        peak = hardware.peak_tflops("fp16") or peak
+    if peak <= 0:  # CPU-only: no catalog peak; a nominal 1 TFLOP/s keeps the ranking meaningful
+        peak = 1.0
+    return costs.flops.predict(b, t, u) / (peak * 1e12 * MFU[costs.setup.precision])
+
+
+def _plan_buckets(
+    costs: SetupCosts,
+    hardware: Any,
+    durations: np.ndarray,
+    usable: int,
+    rate: float,
+    labels_per_second: float,
+    max_seconds: float,
+    batch_cap: int | None,
+    num_utterances: int,
+) -> tuple[list[Bucket], float, float] | None:
+    """Best bucketing for a setup: (buckets, throughput, epoch seconds), or None if nothing fits."""
+    best: tuple[list[Bucket], float, float] | None = None
+    kept = durations[durations <= max_seconds]
+    if kept.size == 0:
+        return None
+    for count in BUCKET_COUNTS:
+        edges = _bucket_edges(durations, count, max_seconds)
+        buckets, lo, total_audio, total_time = [], 0.0, 0.0, 0.0
+        ok = True
+        for edge in edges:
+            inside = kept[(kept > lo) & (kept <= edge)] if lo > 0 else kept[kept <= edge]
+            if inside.size == 0:
+                continue
+            t = max(1, round(edge * rate))
+            u = max(1, math.ceil(edge * labels_per_second))
+            b = costs.max_batch(usable, t, u)
+            if b == 0:
+                ok = False
+                break
+            if batch_cap is not None:
+                b = min(b, batch_cap)
+            n = inside.size / kept.size * num_utterances
+            step = _step_seconds(costs, hardware, b, t, u)
+            audio, seconds = float(inside.mean()) * n, (n / b) * step
+            total_audio, total_time = total_audio + audio, total_time + seconds
+            buckets.append(
+                Bucket(
+                    min_seconds=lo,
+                    max_seconds=edge,
+                    batch_size=b,
+                    max_input_length=t,
+                    max_label_length=u,
+                    predicted_peak_bytes=costs.reserved_bytes(b, t, u),
+                    utterance_fraction=inside.size / kept.size,
+                    throughput_seconds_per_second=float(inside.mean()) * b / step
+                    if step > 0
+                    else 0.0,
+                )
+            )
+            lo = edge
+        if not ok or not buckets or total_time <= 0:
+            continue
+        throughput = total_audio / total_time
+        if best is None or throughput > best[1] * 1.01:  # a bucket more must earn 1 %
+            best = (buckets, throughput, total_time)
+    return best
+
+
+def _data_decisions(
+    dataset: Any, hardware: Any, world_size: int, long_utterances: str, max_seconds: float
+) -> DataDecisions:
+    durations = np.asarray(
+        dataset.duration_sample_seconds or [dataset.duration_max_seconds], dtype=float
+    )
+    long_fraction = float((durations > max_seconds).mean())
+    decoded = int(dataset.estimated_decoded_bytes)
+    host = int(hardware.host_available_bytes)
+    reasons = []
+    cache = decoded <= 0.3 * host
+    streaming = decoded > 0.8 * host
+    gib = 2**30
+    if cache:
+        reasons.append(
+            f"cache decoded audio: {decoded / gib:.2f} GiB is under 30% of {host / gib:.1f} GiB host RAM"
+        )
+    elif streaming:
+        reasons.append(
+            f"stream: decoded audio {decoded / gib:.1f} GiB exceeds 80% of host RAM {host / gib:.1f} GiB"
+        )
+    else:
+        reasons.append(
+            f"no cache: decoded audio {decoded / gib:.1f} GiB is a large share of host RAM"
+        )
+    cpus_per_process = max(1, hardware.cpu_count // max(1, world_size))
+    workers = max(
+        0, min(cpus_per_process - 1, 8, int(host // (WORKER_HOST_BYTES * max(1, world_size))))
+    )
+    reasons.append(
+        f"{workers} loader workers: {hardware.cpu_count} CPUs for {world_size} process(es), ~2 GiB RAM each"
+    )
+    if long_fraction > 0:
+        reasons.append(
+            f"{long_utterances} {long_fraction:.1%} of utterances longer than {max_seconds:g} s"
+        )
+    return DataDecisions(
+        streaming=streaming,
+        cache_decoded_audio=cache,
+        long_utterances=long_utterances,
+        max_seconds=max_seconds,
+        long_utterance_fraction=long_fraction,
+        num_workers=workers,
+        reasons=reasons,
+    )
+
+
+def plan(
+    hardware: Any,
+    dataset: Any,
+    model: Any,
+    *,
+    target_effective_batch: int | None = 32,
+    target_hours: float | None = None,
+    precision: str | None = None,
+    world_size: int | None = None,
+    long_utterances: str = "chunk",
+    max_seconds: float | None = None,
+    freeze_feature_encoder: bool = True,
+    expandable_segments: bool = True,
+) -> Plan:
+    """Choose the fastest setup that fits, with per-bucket batch limits and accumulation.
+
+    Args:
+        hardware: A ``HardwareProfile`` (its usable bytes, peak rates, host RAM and CPUs).
+        dataset: A ``DatasetProfile`` (its duration and transcript samples).
+        model: A model spec (bundled name, Hub id, path) or transformers config.
+        target_effective_batch: Utterances per optimizer step over all GPUs (Default: 32).
+        target_hours: Audio hours per optimizer step instead (overrides utterances).
+        precision: Force "fp32", "bf16", "fp16" or "pure_bf16" (Default: bf16 if supported, else fp16).
+        world_size: Processes (Default: the hardware's GPU count, at least 1).
+        long_utterances: "chunk" (Default) or "filter" utterances above the largest bucket.
+        max_seconds: Largest bucket edge (Default: the longest utterance in the dataset).
+        freeze_feature_encoder: Freeze wav2vec2-style conv encoders (Default: True).
+        expandable_segments: Whether the run sets ``expandable_segments:True`` (Default: True).
+
+    Returns:
+        The plan.
+
+    Raises:
+        PlanError: When no setup fits even one utterance of the longest bucket.
+        ConfigError: On invalid arguments.
+    """
+    started = time.perf_counter()
+    if long_utterances not in ("chunk", "filter"):
+        raise ConfigError(f"long_utterances={long_utterances!r}: use 'chunk' or 'filter'.")
+    if target_hours is not None and target_hours <= 0:
+        raise ConfigError(f"target_hours={target_hours}: must be positive.")
+    if target_effective_batch is not None and target_effective_batch < 1:
+        raise ConfigError(f"target_effective_batch={target_effective_batch}: must be at least 1.")
+    world = world_size or max(1, hardware.num_gpus)
+    adapter, profile = resolve_adapter(model, freeze_feature_encoder=freeze_feature_encoder)
+    if profile is None:
+        raise ConfigError(
+            f"plan needs a model name or config, not {type(model).__name__}; families: {SUPPORTED_FAMILIES}."
+        )
+    rate = float(profile.input_frames_per_second or 16000)
+    durations = np.asarray(
+        dataset.duration_sample_seconds or [dataset.duration_max_seconds], dtype=float
+    )
+    longest = float(max(dataset.duration_max_seconds, durations.max()))
+    edge_max = float(max_seconds) if max_seconds is not None else longest
+    if profile.max_input_seconds:
+        edge_max = min(edge_max, float(profile.max_input_seconds))
+    chars = np.asarray(dataset.text_chars_sample or [dataset.text_chars_mean], dtype=float)
+    cps = (
+        float(np.percentile(chars / np.maximum(durations[: chars.size], 1e-3), 95))
+        if chars.size
+        else CHAR_LABELS_PER_SECOND
+    )
+    labels_per_second = cps if (profile.vocab_size or 0) <= 64 else cps / CHARS_PER_SUBWORD
+    usable = int(hardware.usable_bytes)
+    if hardware.num_gpus == 0:
+        usable = max(
+            0, usable - CUDA_CONTEXT_BYTES
+        )  # planning for CPU RAM: no context, keep it simple
+    arch = hardware.spec.architecture if hardware.spec is not None else None
+    estimator = CostEstimator(
+        adapter,
+        model_key(adapter.name + repr(profile.config)),
+        profile.trainable_params,
+        max(1, round(rate)),
+    )
+    batch_cap = None
+    if target_hours is None and target_effective_batch is not None:
+        batch_cap = max(1, math.ceil(target_effective_batch / world))
+
+    candidates: list[_Candidate] = []
+    tried: list[str] = []
+    for offload in (False, True):
+        for setup in candidate_setups(hardware, precision, world, freeze_feature_encoder, offload):
+            costs = estimator.costs(
+                setup, max(1, round(edge_max * rate)), labels_per_second / rate, arch, usable
+            )
+            costs.expandable_segments = expandable_segments
+            result = _plan_buckets(
+                costs,
+                hardware,
+                durations,
+                usable,
+                rate,
+                labels_per_second,
+                edge_max,
+                batch_cap,
+                dataset.num_utterances,
+            )
+            if result is None:
+                need = costs.reserved_bytes(
+                    1, max(1, round(edge_max * rate)), math.ceil(edge_max * labels_per_second)
+                )
+                tried.append(
+                    f"{setup.describe()}: needs {need / 2**30:.2f} GiB for one {edge_max:g} s utterance"
+                )
+                continue
+            buckets, throughput, epoch = result
+            candidates.append(_Candidate(costs, buckets, throughput * world, epoch / world))
+        if candidates:
+            break
+    if not candidates:
+        raise PlanError(
+            f"{adapter.name} does not fit {usable / 2**30:.2f} GiB usable on {world} x "
+            f"{hardware.spec.name if hardware.spec else hardware.source} even at batch 1 of {edge_max:g} s. Tried:\n  "
+            + "\n  ".join(tried)
+            + "\nWhat would fit: a shorter --max-seconds (long utterances are then chunked), the 8-bit optimizer, "
+            "ZeRO-3 with CPU offload, more GPUs (--world-size), or a GPU with more memory."
+        )
+    candidates.sort(key=lambda c: -c.throughput)
+    best = candidates[0]
+    setup = best.costs.setup
+    accum, eff_utts, eff_hours, warnings = _accumulation(
+        best.buckets, world, target_effective_batch, target_hours
+    )
+    data = _data_decisions(dataset, hardware, world, long_utterances, edge_max)
+    if data.long_utterance_fraction > 0 and long_utterances == "filter":
+        warnings.append(
+            f"{data.long_utterance_fraction:.1%} of utterances are longer than {edge_max:g} s and will be dropped"
+        )
+    rests_on = [
+        f"memory: {estimator.simulations} new + cached fake-tensor simulations of {adapter.name}; "
+        f"fit residual {best.costs.memory.max_relative_residual:.1%}; reserved = allocator model (asrfit.memory.allocator)",
+        f"throughput: traced FLOPs / ({hardware.spec.name if hardware.spec else 'nominal'} peak x MFU "
+        f"{MFU[setup.precision]:.2f}, an assumption, not a measurement)",
+        f"labels: {labels_per_second:.1f} per second (95th percentile of the dataset's transcripts)",
+        f"planned in {time.perf_counter() - started:.1f} s",
+    ]
+    if setup.zero_stage or world > 1:
+        rests_on.append("ZeRO / DDP model states by formula (asrfit.memory.zero)")
+    return Plan(
+        model=adapter.name,
+        gpu=hardware.spec.name if hardware.spec is not None else hardware.source,
+        usable_bytes=usable,
+        setup=setup,
+        buckets=best.buckets,
+        gradient_accumulation_steps=accum,
+        target_effective_batch=f"{target_hours:g} hours"
+        if target_hours is not None
+        else f"{target_effective_batch} utterances",
+        effective_batch_utterances=eff_utts,
+        effective_batch_hours=eff_hours,
+        predicted_throughput_seconds_per_second=best.throughput,
+        predicted_epoch_seconds=best.epoch_seconds,
+        cost_model=best.costs.memory,
+        data=data,
+        expandable_segments=expandable_segments,
+        alternatives=[
+            f"{c.costs.setup.describe()}: {c.throughput:,.1f} audio s/s" for c in candidates[1:6]
+        ],
+        warnings=warnings,
+        rests_on=rests_on,
+    )
+
+
+def _accumulation(
+    buckets: list[Bucket], world: int, target_utts: int | None, target_hours: float | None
+) -> tuple[int, float, float, list[str]]:
+    """Accumulation steps and the effective batch they give (utterances, hours), with warnings."""
+    batches = [b.utterance_fraction / b.batch_size for b in buckets]  # micro-batches per utterance
+    per_batch_utts = 1.0 / sum(batches)
+    mean_seconds = sum(b.utterance_fraction * (b.min_seconds + b.max_seconds) / 2 for b in buckets)
+    per_batch_seconds = per_batch_utts * mean_seconds
+    warnings: list[str] = []
+    if target_hours is not None:
+        accum = max(1, round(target_hours * 3600 / (per_batch_seconds * world)))
+        reachable = per_batch_seconds * world / 3600
+        if target_hours < reachable * 0.75:
+            warnings.append(
+                f"target {target_hours:g} h per step is below one micro-batch on each GPU; best reachable: {reachable:.3f} h"
+            )
+    else:
+        target = target_utts or 1
+        accum = max(1, round(target / (per_batch_utts * world)))
+        if target < world:
+            warnings.append(
+                f"target {target} utterances is below one per GPU; best reachable: {world}"
+            )
+    eff_utts = per_batch_utts * world * accum
+    return accum, eff_utts, eff_utts * mean_seconds / 3600, warnings

@@ -1,0 +1,649 @@
+"""The seed documents' public API, on top of the profiles and the planner.
+
+asrfit grew out of a notebook and a small trainer that used three names, kept here so that
+their code keeps working::
+
+    config, manager = create_optimal_config(dataset, model, model_name="xls-r-300m")
+    args = TrainingArguments(output_dir="out", **config.to_training_arguments())
+
+- :class:`TrainingConfig`: the seed's training config, made from a :class:`Plan`.
+- :class:`ASRConfigManager`: profile the hardware, dataset and model, plan, save and load.
+- :func:`create_optimal_config`: all of it in one call.
+
+The planner (:func:`asrfit.plan.search.plan`) decides; this module only converts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import math
+from dataclasses import InitVar, dataclass, field
+from typing import Any
+
+from asrfit.errors import ConfigError, UnsupportedModelError
+from asrfit.memory.setup import OptimizerKind, Precision
+from asrfit.plan.plan import Plan
+from asrfit.profiles.dataset import DatasetProfile
+from asrfit.profiles.hardware import DEFAULT_SAFETY_MARGIN, HardwareProfile
+from asrfit.profiles.model import ModelProfile
+from asrfit.utils.io import Pathlike
+from asrfit.utils.serialization import JsonDataclass
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+_FEATURE_ENCODER_FAMILIES = ("wav2vec2", "hubert", "wavlm")
+
+#: ``TrainingArguments.optim`` name of each optimizer the planner knows.
+HF_OPTIMIZERS = {
+    OptimizerKind.ADAMW: "adamw_torch",
+    OptimizerKind.ADAMW_8BIT: "adamw_bnb_8bit",
+    OptimizerKind.ADAFACTOR: "adafactor",
+    OptimizerKind.SGD: "sgd",
+}
+
+# Fields that TrainingArguments takes under the same name.
+_SAME_NAME_ARGUMENTS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "fp16",
+    "bf16",
+    "dataloader_num_workers",
+    "learning_rate",
+    "warmup_steps",
+    "num_train_epochs",
+    "max_grad_norm",
+    "optim",
+)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+@dataclass
+class TrainingConfig(JsonDataclass):
+    """The seed's training config: Hugging Face Trainer knobs plus the seed trainer's own.
+
+    The seed trainer's two extra names are init-only aliases, readable and assignable as
+    properties but not stored (so ``to_dict``, ``dataclasses.replace`` and equality see
+    only the canonical fields):
+
+    - ``accumulation_steps`` is ``gradient_accumulation_steps``. Give either to the
+      constructor; giving both with different values is an error.
+    - ``mixed_precision`` is ``fp16 or bf16``. ``mixed_precision=True`` alone means fp16
+      (the default dtype of ``torch.autocast("cuda")``);
+      ``mixed_precision=False`` with ``fp16`` or ``bf16`` set is an error. Assigning
+      ``False`` later clears both flags; assigning ``True`` sets fp16 unless one is set.
+
+    Attributes:
+        per_device_train_batch_size: Fixed micro-batch per device; from a plan, the smallest
+            bucket's batch (what a fixed-batch trainer can always fit).
+        gradient_accumulation_steps: Micro-batches per optimizer step.
+        fp16: Autocast to float16 with a gradient scaler.
+        bf16: Autocast to bfloat16.
+        gradient_checkpointing: Recompute activations in the backward pass.
+        dataloader_num_workers: Data-loader worker processes.
+        learning_rate: Peak learning rate. (Default: 1e-4)
+        warmup_steps: Linear warm-up steps. (Default: 500)
+        num_train_epochs: Epochs. (Default: 3.0)
+        max_grad_norm: Gradient clipping norm; 0 turns clipping off. (Default: 1.0)
+        optim: ``TrainingArguments.optim`` name. (Default: "adamw_torch")
+        group_by_length: Batch utterances of similar length. (Default: True)
+        max_memory_gb: Seed trainer: memory budget per GPU in GiB (2**30 bytes, as torch
+            reports it); from a plan, its usable bytes. None: no cap.
+        accumulation_steps: Seed trainer's alias of ``gradient_accumulation_steps`` (init-only).
+        mixed_precision: Seed trainer: ``fp16 or bf16`` (init-only).
+        adaptive_batching: Seed trainer: let batch size follow utterance length (the plan's
+            buckets). (Default: True)
+        sequence_length_percentile: Seed trainer: duration percentile (0-100] that sized its
+            batches. (Default: 95.0)
+        alpha_constant: Seed trainer's analytic activation factor (activation bytes =
+            alpha x an analytic count), kept for the analytic fallback when no simulation
+            is possible. (Default: 1.2)
+        bucket_duration_bins: Upper edges of the plan's duration buckets in seconds.
+        bucket_batch_sizes: Batch limit per bucket, paired with ``bucket_duration_bins``.
+    """
+
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "micro-batch per device"})
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "micro-batches per optimizer step"}
+    )
+    fp16: bool = field(default=False, metadata={"help": "float16 autocast + grad scaler"})
+    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations"})
+    dataloader_num_workers: int = field(default=0, metadata={"help": "data-loader processes"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "peak learning rate"})
+    warmup_steps: int = field(default=500, metadata={"help": "linear warm-up steps"})
+    num_train_epochs: float = field(default=3.0, metadata={"help": "epochs"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip norm; 0 turns it off"})
+    optim: str = field(default="adamw_torch", metadata={"help": "TrainingArguments.optim"})
+    group_by_length: bool = field(default=True, metadata={"help": "length-grouped batches"})
+    max_memory_gb: float | None = field(
+        default=None, metadata={"help": "GiB per GPU; None: no cap"}
+    )
+    accumulation_steps: InitVar[int | None] = None  # alias, see the class docstring
+    mixed_precision: InitVar[bool | None] = None  # fp16 or bf16, see the class docstring
+    adaptive_batching: bool = field(default=True, metadata={"help": "batch follows length"})
+    sequence_length_percentile: float = field(
+        default=95.0, metadata={"help": "duration percentile in (0, 100]"}
+    )
+    alpha_constant: float = field(default=1.2, metadata={"help": "analytic activation factor"})
+    bucket_duration_bins: list[float] = field(
+        default_factory=list, metadata={"help": "bucket upper edges, seconds"}
+    )
+    bucket_batch_sizes: list[int] = field(
+        default_factory=list, metadata={"help": "batch limit per bucket"}
+    )
+
+    def __post_init__(
+        self, accumulation_steps: int | None = None, mixed_precision: bool | None = None
+    ) -> None:
+        if accumulation_steps is not None:
+            if not _is_int(accumulation_steps) or accumulation_steps < 1:
+                raise ConfigError(
+                    f"TrainingConfig.accumulation_steps={accumulation_steps!r}: use an integer of "
+                    "1 or more."
+                )
+            if self.gradient_accumulation_steps not in (1, accumulation_steps):
+                raise ConfigError(
+                    f"TrainingConfig.accumulation_steps={accumulation_steps!r} disagrees with "
+                    f"gradient_accumulation_steps={self.gradient_accumulation_steps!r}; they are "
+                    "the same setting, give only one of them."
+                )
+            self.gradient_accumulation_steps = accumulation_steps
+        if mixed_precision is not None:
+            if not isinstance(mixed_precision, bool):
+                raise ConfigError(
+                    f"TrainingConfig.mixed_precision={mixed_precision!r}: use true or false."
+                )
+            if mixed_precision and not (self.fp16 or self.bf16):
+                self.fp16 = True
+            elif not mixed_precision and (self.fp16 or self.bf16):
+                flag = "fp16" if self.fp16 else "bf16"
+                raise ConfigError(
+                    f"TrainingConfig.mixed_precision=False contradicts {flag}=True; drop one of them."
+                )
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(name: str, what: str) -> ConfigError:
+            return ConfigError(f"TrainingConfig.{name}={getattr(self, name)!r}: {what}")
+
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise bad(name, "use an integer of 1 or more.")
+        for name in ("dataloader_num_workers", "warmup_steps"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise bad(name, "use an integer of 0 or more.")
+        for name in (
+            "fp16",
+            "bf16",
+            "gradient_checkpointing",
+            "group_by_length",
+            "adaptive_batching",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "use true or false.")
+        if self.fp16 and self.bf16:
+            raise ConfigError(
+                "TrainingConfig.fp16 and TrainingConfig.bf16 are both True; pick one precision "
+                "(bf16 needs compute capability 8.0 or newer, e.g. A100, L4, H100)."
+            )
+        for name in ("learning_rate", "num_train_epochs", "alpha_constant"):
+            value = getattr(self, name)
+            if not _is_number(value) or value <= 0:
+                raise bad(name, "use a positive number.")
+        if not _is_number(self.max_grad_norm) or self.max_grad_norm < 0:
+            raise bad("max_grad_norm", "use a number of 0 (no clipping) or more.")
+        if self.max_memory_gb is not None and (
+            not _is_number(self.max_memory_gb) or self.max_memory_gb <= 0
+        ):
+            raise bad("max_memory_gb", "use a positive number of GiB, or None for no cap.")
+        percentile = self.sequence_length_percentile
+        if not _is_number(percentile) or not 0 < percentile <= 100:
+            raise bad("sequence_length_percentile", "use a percentile above 0 and at most 100.")
+        if not isinstance(self.optim, str) or not self.optim:
+            raise bad("optim", "use a TrainingArguments optimizer name such as 'adamw_torch'.")
+        self._validate_buckets()
+
+    def _validate_buckets(self) -> None:
+        bins, sizes = self.bucket_duration_bins, self.bucket_batch_sizes
+        if len(bins) != len(sizes):
+            raise ConfigError(
+                f"TrainingConfig.bucket_duration_bins has {len(bins)} entries but "
+                f"bucket_batch_sizes has {len(sizes)}; give one batch size per bucket."
+            )
+        if any(not _is_number(b) or b <= 0 for b in bins) or list(bins) != sorted(bins):
+            raise ConfigError(
+                f"TrainingConfig.bucket_duration_bins={bins!r}: use positive seconds in "
+                "increasing order."
+            )
+        if any(not _is_int(s) or s < 1 for s in sizes):
+            raise ConfigError(
+                f"TrainingConfig.bucket_batch_sizes={sizes!r}: every batch size must be an "
+                "integer of 1 or more."
+            )
+
+    @classmethod
+    def from_plan(cls, plan: Plan, **overrides: Any) -> TrainingConfig:
+        """Convert a plan into the seed's config.
+
+        ``per_device_train_batch_size`` is the plan's smallest bucket batch: the fixed batch a
+        plain Hugging Face Trainer can use for any utterance up to the plan's longest. The
+        buckets are kept in ``bucket_duration_bins``/``bucket_batch_sizes`` for asrfit's
+        length-aware sampler. ``gradient_accumulation_steps`` is the plan's, which targets
+        the effective batch of the bucketed batches; with the fixed batch the effective batch
+        is ``per_device_train_batch_size x gradient_accumulation_steps x world size``.
+
+        Args:
+            plan: The plan.
+            **overrides: Fields to set instead of the defaults (e.g. ``learning_rate``).
+
+        Returns:
+            The config.
+
+        Raises:
+            ConfigError: When an override is not a field or not valid.
+        """
+        setup = plan.setup
+        if setup.precision is Precision.PURE_BF16:
+            logger.warning(
+                "plan %s uses pure bf16 weights; TrainingArguments(bf16=True) autocasts over fp32 "
+                "weights instead, which needs more memory than the plan predicts.",
+                plan.model,
+            )
+        values: dict[str, Any] = {
+            "per_device_train_batch_size": plan.min_batch_size,
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "fp16": setup.precision is Precision.FP16,
+            "bf16": setup.precision in (Precision.BF16, Precision.PURE_BF16),
+            "gradient_checkpointing": setup.gradient_checkpointing,
+            "dataloader_num_workers": plan.data.num_workers,
+            "optim": HF_OPTIMIZERS[setup.optimizer],
+            "max_memory_gb": plan.usable_bytes / GIB,
+            "adaptive_batching": len(plan.buckets) > 1,
+            "bucket_duration_bins": list(plan.bucket_duration_bins),
+            "bucket_batch_sizes": list(plan.bucket_batch_sizes),
+        }
+        known = {f.name for f in dataclasses.fields(cls)} | {
+            "accumulation_steps",
+            "mixed_precision",
+        }
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(
+                f"TrainingConfig.from_plan: unknown field(s) {', '.join(map(repr, unknown))}; "
+                f"known fields are {', '.join(sorted(known))}."
+            )
+        values.update(overrides)
+        if "accumulation_steps" in overrides and "gradient_accumulation_steps" not in overrides:
+            values.pop("gradient_accumulation_steps")
+        if "mixed_precision" in overrides and not overrides["mixed_precision"]:
+            values.update(fp16=False, bf16=False)
+        return cls(**values)
+
+    def to_training_arguments(self) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.TrainingArguments`` (without ``output_dir``).
+
+        Only names the installed transformers accepts are returned: gradient checkpointing
+        goes to ``activation_checkpointing`` where that replaces ``gradient_checkpointing``
+        (transformers 5), and length grouping to ``train_sampling_strategy="group_by_length"``
+        where that replaces ``group_by_length``. The seed trainer's own fields are left out.
+
+        Returns:
+            ``TrainingArguments(output_dir=..., **config.to_training_arguments())`` works.
+
+        Raises:
+            ConfigError: When ``optim`` is not an optimizer name the installed transformers knows.
+        """
+        from transformers import TrainingArguments
+        from transformers.training_args import OptimizerNames
+
+        names = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+        choices = [o.value for o in OptimizerNames]
+        if self.optim not in choices:
+            raise ConfigError(
+                f"TrainingConfig.optim={self.optim!r} is not a TrainingArguments optimizer; use one "
+                f"of {', '.join(choices)}."
+            )
+        kwargs = {name: getattr(self, name) for name in _SAME_NAME_ARGUMENTS if name in names}
+        if "activation_checkpointing" in names:
+            kwargs["activation_checkpointing"] = self.gradient_checkpointing
+        elif "gradient_checkpointing" in names:
+            kwargs["gradient_checkpointing"] = self.gradient_checkpointing
+        if "group_by_length" in names:
+            kwargs["group_by_length"] = self.group_by_length
+        elif self.group_by_length and "train_sampling_strategy" in names:
+            kwargs["train_sampling_strategy"] = "group_by_length"
+        elif self.group_by_length:
+            logger.warning(
+                "this transformers has no length-grouped sampler; group_by_length is ignored."
+            )
+        return kwargs
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """Readable ``(label, value)`` rows for a table."""
+        precision = "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
+        rows = [
+            ("Batch per device", str(self.per_device_train_batch_size)),
+            ("Gradient accumulation", str(self.gradient_accumulation_steps)),
+            ("Precision", precision),
+            ("Gradient checkpointing", "on" if self.gradient_checkpointing else "off"),
+            (
+                "Optimizer",
+                f"{self.optim}, lr {self.learning_rate:g}, {self.warmup_steps} warm-up steps",
+            ),
+            ("Data-loader workers", str(self.dataloader_num_workers)),
+            (
+                "Memory budget",
+                "-" if self.max_memory_gb is None else f"{self.max_memory_gb:.2f} GiB",
+            ),
+        ]
+        if self.bucket_duration_bins:
+            buckets = ", ".join(
+                f"<={b:g} s: {s}"
+                for b, s in zip(self.bucket_duration_bins, self.bucket_batch_sizes, strict=True)
+            )
+            rows.append(("Bucket batches", buckets))
+        return rows
+
+
+def _get_accumulation_steps(self: TrainingConfig) -> int:
+    return self.gradient_accumulation_steps
+
+
+def _set_accumulation_steps(self: TrainingConfig, value: int) -> None:
+    self.gradient_accumulation_steps = value
+
+
+def _get_mixed_precision(self: TrainingConfig) -> bool:
+    return bool(self.fp16 or self.bf16)
+
+
+def _set_mixed_precision(self: TrainingConfig, value: bool) -> None:
+    if not value:
+        self.fp16 = self.bf16 = False
+    elif not (self.fp16 or self.bf16):
+        self.fp16 = True
+
+
+# The init-only aliases become properties once the dataclass has read their defaults.
+TrainingConfig.accumulation_steps = property(  # type: ignore[assignment]
+    _get_accumulation_steps, _set_accumulation_steps, doc="Alias of gradient_accumulation_steps."
+)
+TrainingConfig.mixed_precision = property(  # type: ignore[assignment]
+    _get_mixed_precision, _set_mixed_precision, doc="fp16 or bf16; False clears both."
+)
+# ``dataclasses.replace`` re-passes every InitVar in the field table, read back from the
+# object: a stale alias would then contradict the field being replaced. The aliases are for
+# the constructor only, so they leave the table (the generated ``__init__`` keeps them).
+for _alias in ("accumulation_steps", "mixed_precision"):
+    del TrainingConfig.__dataclass_fields__[_alias]
+
+
+@dataclass
+class SavedConfig(JsonDataclass):
+    """What :meth:`ASRConfigManager.save_config` writes: the profiles, the plan and the config.
+
+    Attributes:
+        safety_margin: The manager's safety margin.
+        gpu: The GPU name asked for, or None (detect).
+        hardware: The hardware profile, if made.
+        dataset: The dataset profile, if made.
+        model: The model profile, if made.
+        plan: The plan, if made.
+        config: The training config, if made.
+    """
+
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
+    gpu: str | None = None
+    hardware: HardwareProfile | None = None
+    dataset: DatasetProfile | None = None
+    model: ModelProfile | None = None
+    plan: Plan | None = None
+    config: TrainingConfig | None = None
+
+
+class ASRConfigManager:
+    """Profile hardware, dataset and model, plan, and keep the results (the seed's manager).
+
+    Each step stores its result on the manager: ``hardware``, ``dataset``, ``model``,
+    ``plan`` and ``config`` (None until made).
+
+    Args:
+        safety_margin: Share of GPU memory a plan may fill, 0.5 to 0.98. (Default: 0.85)
+        gpu: None or "auto" to detect this machine's GPUs, a catalog name ("T4",
+            "A100-80GB") to plan for a GPU you do not have, or a ``HardwareProfile``.
+    """
+
+    def __init__(
+        self, safety_margin: float = DEFAULT_SAFETY_MARGIN, gpu: str | HardwareProfile | None = None
+    ) -> None:
+        self.safety_margin = safety_margin
+        self.gpu = gpu
+        self.hardware: HardwareProfile | None = None
+        self.dataset: DatasetProfile | None = None
+        self.model: ModelProfile | None = None
+        self.plan: Plan | None = None
+        self.config: TrainingConfig | None = None
+
+    def profile_hardware(self) -> HardwareProfile:
+        """Detect this machine (``gpu`` None or "auto") or take the named GPU from the catalog.
+
+        Returns:
+            The profile, also stored in ``self.hardware``.
+
+        Raises:
+            UnknownGPUError: When the GPU name is not in the catalog.
+            ConfigError: On a bad safety margin.
+        """
+        if isinstance(self.gpu, HardwareProfile):
+            self.hardware = self.gpu
+        elif self.gpu is None:
+            self.hardware = HardwareProfile.detect(safety_margin=self.safety_margin)
+        else:
+            self.hardware = HardwareProfile.resolve(self.gpu, safety_margin=self.safety_margin)
+        return self.hardware
+
+    def profile_dataset(
+        self, dataset: Any, sample_size: int = 200, **kwargs: Any
+    ) -> DatasetProfile:
+        """Profile a dataset without decoding its audio.
+
+        Args:
+            dataset: A ``datasets.Dataset``, a JSONL manifest path, a folder of audio, a lhotse
+                ``CutSet``, or a ``DatasetProfile`` (kept as it is).
+            sample_size: Audio headers to read where durations are not recorded.
+            **kwargs: Passed to the matching builder (e.g. ``audio_column``, ``text_column``
+                for a Hugging Face dataset).
+
+        Returns:
+            The profile, also stored in ``self.dataset``.
+
+        Raises:
+            ManifestError: When the dataset is missing, empty or of an unknown kind.
+        """
+        if isinstance(dataset, DatasetProfile):
+            self.dataset = dataset
+        else:
+            self.dataset = DatasetProfile.from_source(dataset, sample_size=sample_size, **kwargs)
+        return self.dataset
+
+    def profile_model(self, model: Any, model_name: str | None = None) -> ModelProfile:
+        """Profile a model object or name.
+
+        A module with a transformers ``config`` (e.g. a ``Wav2Vec2ForCTC`` instance) is
+        profiled as it is, from its own config and ``requires_grad`` flags; ``model_name``
+        then only names it. A module without one cannot be simulated, so with a
+        ``model_name`` the name's bundled or Hub config stands in for it; without one the
+        profile has no config and :meth:`create_plan` will ask for a name.
+
+        Args:
+            model: An ``nn.Module``, a model name or path, a transformers config or config
+                dict, or a ``ModelProfile`` (kept as it is).
+            model_name: A bundled name, Hub id or folder ("xls-r-300m").
+
+        Returns:
+            The profile, also stored in ``self.model``.
+
+        Raises:
+            UnknownModelError: When a name resolves to no config.
+            UnsupportedModelError: When ``model`` is none of the types above.
+        """
+        from torch import nn
+        from transformers import PretrainedConfig
+
+        if isinstance(model, nn.Module):
+            if isinstance(getattr(model, "config", None), PretrainedConfig):
+                profile = ModelProfile.from_module(model, name=model_name)
+            elif model_name is not None:
+                logger.info(
+                    "%s has no transformers config; planning with the config of %r.",
+                    type(model).__name__,
+                    model_name,
+                )
+                profile = ModelProfile.from_pretrained(model_name)
+            else:
+                profile = ModelProfile.from_module(model)
+        elif isinstance(model, (PretrainedConfig, dict)):
+            profile = ModelProfile.from_config(model, name=model_name)
+        else:
+            profile = ModelProfile.from_spec(model)
+        self.model = profile
+        return profile
+
+    def create_plan(self, target_batch_size: int = 32, **plan_kwargs: Any) -> Plan:
+        """Plan with :func:`asrfit.plan.search.plan` and convert the plan to a config.
+
+        Profiles the hardware first when :meth:`profile_hardware` has not run. For the
+        wav2vec2 family the planner is told whether the profiled model's feature encoder is
+        frozen, unless ``freeze_feature_encoder`` is given.
+
+        Args:
+            target_batch_size: Utterances per optimizer step over all GPUs.
+            **plan_kwargs: Passed to the planner (``target_hours``, ``precision``,
+                ``world_size``, ``long_utterances``, ``max_seconds``, ...).
+
+        Returns:
+            The plan, also stored in ``self.plan``; ``self.config`` holds its
+            :class:`TrainingConfig`.
+
+        Raises:
+            ConfigError: When the dataset or model has not been profiled.
+            UnsupportedModelError: When the model profile has no config to simulate.
+        """
+        if self.dataset is None:
+            raise ConfigError(
+                "ASRConfigManager: call profile_dataset(dataset) before create_plan()."
+            )
+        if self.model is None:
+            raise ConfigError("ASRConfigManager: call profile_model(model) before create_plan().")
+        if not self.model.config:
+            raise UnsupportedModelError(
+                f"model {self.model.name!r} ({self.model.model_class}) has no transformers config, "
+                "so its step cannot be simulated; pass model_name= with a bundled name or Hub id "
+                "of the same architecture (e.g. 'xls-r-300m')."
+            )
+        hardware = self.hardware if self.hardware is not None else self.profile_hardware()
+        if self.model.family in _FEATURE_ENCODER_FAMILIES:
+            # Plan the feature encoder as the profiled model has it (a module as it was passed).
+            plan_kwargs.setdefault("freeze_feature_encoder", self.model.feature_encoder_frozen)
+        search = importlib.import_module("asrfit.plan.search")
+        self.plan = search.plan(
+            hardware,
+            self.dataset,
+            self.model,
+            target_effective_batch=target_batch_size,
+            **plan_kwargs,
+        )
+        self.config = TrainingConfig.from_plan(self.plan)
+        return self.plan
+
+    def save_config(self, path: Pathlike) -> None:
+        """Write the profiles, the plan and the config as one JSON file (atomically).
+
+        Args:
+            path: Destination, e.g. ``"asrfit_config.json"``.
+        """
+        SavedConfig(
+            safety_margin=self.safety_margin,
+            gpu=self.gpu if isinstance(self.gpu, str) else None,
+            hardware=self.hardware,
+            dataset=self.dataset,
+            model=self.model,
+            plan=self.plan,
+            config=self.config,
+        ).save(path)
+
+    def load_config(self, path: Pathlike) -> TrainingConfig | None:
+        """Load a file written by :meth:`save_config` into this manager.
+
+        Args:
+            path: The file.
+
+        Returns:
+            The training config (None when it was saved before planning).
+
+        Raises:
+            ConfigError: When the file is missing, not JSON, has an unknown or missing key
+                (named), or a value fails validation.
+        """
+        saved = SavedConfig.load(path)
+        self.safety_margin = saved.safety_margin
+        self.gpu = saved.gpu
+        self.hardware = saved.hardware
+        self.dataset = saved.dataset
+        self.model = saved.model
+        self.plan = saved.plan
+        self.config = saved.config
+        return self.config
+
+
+def create_optimal_config(
+    dataset: Any,
+    model: Any,
+    model_name: str | None = None,
+    target_batch_size: int = 32,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN,
+    gpu: str | HardwareProfile | None = None,
+    **plan_kwargs: Any,
+) -> tuple[TrainingConfig, ASRConfigManager]:
+    """Profile, plan and convert in one call (the seed's entry point).
+
+    Args:
+        dataset: A ``datasets.Dataset``, manifest path, audio folder or lhotse ``CutSet``.
+        model: An ``nn.Module`` (e.g. a ``Wav2Vec2ForCTC``), a model name, or a config.
+        model_name: Bundled name or Hub id; needed for a module without a transformers config.
+        target_batch_size: Utterances per optimizer step over all GPUs. (Default: 32)
+        safety_margin: Share of GPU memory a plan may fill. (Default: 0.85)
+        gpu: None to detect, or a GPU name such as "T4" to plan for it.
+        **plan_kwargs: Passed to the planner (see :meth:`ASRConfigManager.create_plan`).
+
+    Returns:
+        The training config and the manager holding the profiles and the plan.
+    """
+    manager = ASRConfigManager(safety_margin=safety_margin, gpu=gpu)
+    manager.profile_hardware()
+    manager.profile_dataset(dataset)
+    manager.profile_model(model, model_name=model_name)
+    manager.create_plan(target_batch_size=target_batch_size, **plan_kwargs)
+    assert manager.config is not None  # set by create_plan
+    return manager.config, manager
+
+
+__all__ = [
+    "HF_OPTIMIZERS",
+    "ASRConfigManager",
+    "SavedConfig",
+    "TrainingConfig",
+    "create_optimal_config",
+]
