@@ -96,6 +96,11 @@ class Plan(JsonDataclass):
         cost_model: The fitted peak-memory model the bucket limits come from.
         data: Data-side decisions.
         expandable_segments: Whether the run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+        input_frames_per_second: Model-input steps per audio second (samples or feature frames).
+        labels_per_second: Labels per audio second assumed when a transcript's length is unknown.
+        model_state_offset_bytes: Sharded minus unsharded model states (ZeRO/DDP), added to ``cost_model``.
+        optimizer_peak_bytes: The optimizer phase's peak (batch-independent), unsharded.
+        architecture: GPU architecture (for the allocator model's cuBLAS workspace).
         alternatives: Other setups considered, one line each, fastest first.
         warnings: Things the user should know (unreachable targets, filtered data).
         rests_on: What each prediction is based on.
@@ -115,6 +120,11 @@ class Plan(JsonDataclass):
     cost_model: PeakModel
     data: DataDecisions
     expandable_segments: bool = True
+    input_frames_per_second: float = 16000.0
+    labels_per_second: float = 15.0
+    model_state_offset_bytes: int = 0
+    optimizer_peak_bytes: int = 0
+    architecture: str | None = None
     alternatives: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     rests_on: list[str] = field(default_factory=list)
@@ -149,6 +159,25 @@ class Plan(JsonDataclass):
     def min_batch_size(self) -> int:
         """The smallest per-bucket batch (the longest bucket): what a fixed-batch trainer can use."""
         return min(b.batch_size for b in self.buckets)
+
+    def predicted_reserved_bytes(
+        self, batch_size: int, input_length: int, label_length: int
+    ) -> int:
+        """Predicted ``max_memory_reserved`` of a padded batch on this plan's setup and GPU."""
+        from asrfit.memory.allocator import predict_cuda
+
+        traced = max(
+            self.cost_model.predict(batch_size, input_length, label_length),
+            float(self.optimizer_peak_bytes),
+        )
+        peak = int(traced + self.model_state_offset_bytes)
+        return predict_cuda(
+            peak, peak, architecture=self.architecture, expandable_segments=self.expandable_segments
+        ).reserved_bytes
+
+    def input_length(self, seconds: float) -> int:
+        """Model-input length of ``seconds`` of audio."""
+        return max(1, round(seconds * self.input_frames_per_second))
 
     def bucket_for(self, seconds: float) -> Bucket | None:
         """The bucket an utterance of ``seconds`` falls in, or None above the largest."""

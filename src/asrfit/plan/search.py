@@ -386,6 +386,11 @@ def plan(
         cost_model=best.costs.memory,
         data=data,
         expandable_segments=expandable_segments,
+        input_frames_per_second=rate,
+        labels_per_second=labels_per_second,
+        model_state_offset_bytes=best.costs.sharded_state_bytes - best.costs.model_state_bytes,
+        optimizer_peak_bytes=best.costs.optimizer_peak_bytes,
+        architecture=arch,
         alternatives=[
             f"{c.costs.setup.describe()}: {c.throughput:,.1f} audio s/s" for c in candidates[1:6]
         ],
