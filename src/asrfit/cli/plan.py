@@ -77,10 +77,14 @@ def command(
     as_json: bool,
 ) -> None:
     """Plan training of MODEL on DATA for a GPU: setup, buckets, accumulation, data decisions."""
-    from asrfit.plan.exports import export_text
+    from asrfit.errors import ConfigError
+    from asrfit.plan.exports import EXPORT_FORMATS, export_text
     from asrfit.plan.search import plan
     from asrfit.profiles.dataset import DatasetProfile
     from asrfit.profiles.hardware import HardwareProfile
+
+    if export_fmt is not None and export_fmt.lower() not in EXPORT_FORMATS:
+        raise ConfigError(f"--export {export_fmt!r} is not known; use one of: {', '.join(EXPORT_FORMATS)}.")
 
     hardware = HardwareProfile.resolve(gpu, safety_margin=safety, num_gpus=world_size)
     dataset = DatasetProfile.from_source(data_source)
@@ -96,7 +100,7 @@ def command(
         max_seconds=max_seconds,
     )
     if export_fmt is not None:
-        text = export_text(result, export_fmt)  # validate the format before writing anything
+        text = export_text(result, export_fmt)
     if out_path:
         result.save(out_path)
     if export_fmt is not None:

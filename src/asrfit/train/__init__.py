@@ -1,0 +1,52 @@
+"""Training on a plan: the Accelerate loop, OOM recovery, memory monitor, checkpoints.
+
+Names are imported lazily (``import asrfit.train`` does not import torch or accelerate):
+
+- :class:`MemoryEfficientTrainer` (``asrfit.train.trainer``): the training loop.
+- :class:`AdaptiveMemoryCallback` (``asrfit.train.callbacks``): the monitor as a Hugging
+  Face ``TrainerCallback``.
+- :class:`MemoryMonitor` (``asrfit.train.monitor``): per-step memory, predicted vs measured.
+- :func:`save_checkpoint` / :func:`load_checkpoint` (``asrfit.train.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "MemoryEfficientTrainer": "asrfit.train.trainer",
+    "TrainSummary": "asrfit.train.trainer",
+    "AdaptiveMemoryCallback": "asrfit.train.callbacks",
+    "MemoryMonitor": "asrfit.train.monitor",
+    "save_checkpoint": "asrfit.train.checkpoint",
+    "load_checkpoint": "asrfit.train.checkpoint",
+    "latest_checkpoint": "asrfit.train.checkpoint",
+    "BatchTooLargeError": "asrfit.train.oom",
+    "is_oom": "asrfit.train.oom",
+    "run_preflight": "asrfit.train.preflight",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from asrfit.train.callbacks import AdaptiveMemoryCallback
+    from asrfit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from asrfit.train.monitor import MemoryMonitor
+    from asrfit.train.oom import BatchTooLargeError, is_oom
+    from asrfit.train.preflight import run_preflight
+    from asrfit.train.trainer import MemoryEfficientTrainer, TrainSummary
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asrfit.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,294 @@
+"""Checkpoints that resume exactly: model, optimizer, scheduler, scaler, sampler, RNG, config, plan.
+
+One checkpoint is one file, ``<dir>/checkpoint-<step:08d>.pt``, written through a temporary
+file in the same folder and renamed (a crash leaves the previous checkpoint whole). Only the
+last ``keep_last`` are kept. Everything in it is plain data (tensors, numbers, strings, lists,
+dicts), so it loads with ``torch.load(weights_only=True)``.
+
+Resume is exact when the data order is a function of the sampler state: a resumed run
+restores the RNGs (Python, NumPy, torch, CUDA), the optimizer, the LR schedule, the fp16
+grad scaler, and the sampler's state at the start of the epoch plus the number of batches
+already trained in it (the trainer skips those without loading their data).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asrfit.errors import ConfigError
+from asrfit.utils.io import Pathlike
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)\.pt$")
+FORMAT_VERSION = 1
+
+
+def checkpoint_path(directory: Pathlike, step: int) -> Path:
+    """The file of the checkpoint at ``step`` in ``directory``."""
+    return Path(directory) / f"checkpoint-{step:08d}.pt"
+
+
+def list_checkpoints(directory: Pathlike) -> list[Path]:
+    """Checkpoint files in ``directory``, oldest step first (empty when there is none)."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = CHECKPOINT_PATTERN.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(directory: Pathlike) -> Path | None:
+    """The checkpoint of the highest step in ``directory``, or None."""
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def resolve_checkpoint(path_or_latest: Pathlike, directory: Pathlike | None = None) -> Path:
+    """Turn ``"latest"``, a checkpoint folder or a checkpoint file into a file path.
+
+    Args:
+        path_or_latest: ``"latest"`` (the newest in ``directory``), a folder (its newest), or a file.
+        directory: Where ``"latest"`` looks.
+
+    Returns:
+        The checkpoint file.
+
+    Raises:
+        ConfigError: When nothing matches.
+    """
+    if str(path_or_latest) == "latest":
+        if directory is None:
+            raise ConfigError("resume_from='latest' needs an out_dir whose checkpoints/ to search.")
+        found = latest_checkpoint(directory)
+        if found is None:
+            raise ConfigError(
+                f"resume_from='latest': no checkpoint-*.pt in {directory}; train without "
+                "resume_from, or point it at a checkpoint file."
+            )
+        return found
+    path = Path(path_or_latest)
+    if path.is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise ConfigError(f"resume_from={str(path)!r}: the folder has no checkpoint-*.pt.")
+        return found
+    if not path.is_file():
+        raise ConfigError(f"resume_from={str(path)!r}: no such checkpoint file.")
+    return path
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's, torch's and (when initialised) CUDA's generators."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(np.asarray(keys).astype(np.int64)), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`capture_rng_state` returned."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _atomic_torch_save(obj: Any, dest: Path) -> None:
+    """``torch.save`` to a temporary file next to ``dest``, fsync, then ``os.replace``.
+
+    Streams to disk (a checkpoint can be larger than spare host memory), unlike
+    :func:`asrfit.utils.io.atomic_write_bytes`, which takes the bytes in memory.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class CheckpointInfo:
+    """Where a loaded checkpoint left off.
+
+    Attributes:
+        path: The file.
+        step: Optimizer steps done.
+        epoch: The epoch in progress.
+        config: The training config (as a dict) it was made with, or None.
+        plan: The plan (as a dict), or None.
+        extra: Anything else the writer stored (the trainer's position in the epoch).
+    """
+
+    path: Path
+    step: int
+    epoch: int
+    config: dict[str, Any] | None = None
+    plan: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def save_checkpoint(
+    directory: Pathlike,
+    *,
+    model: torch.nn.Module,
+    step: int,
+    epoch: int = 0,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    sampler: Any = None,
+    config: Any = None,
+    plan: Any = None,
+    extra: dict[str, Any] | None = None,
+    keep_last: int = 3,
+) -> Path:
+    """Write a checkpoint atomically and delete all but the newest ``keep_last``.
+
+    Args:
+        directory: Folder of the checkpoints (created when missing).
+        model: The (unwrapped) model.
+        step: Optimizer steps done; names the file.
+        epoch: The epoch in progress.
+        optimizer: Its ``state_dict`` is stored.
+        scheduler: An LR scheduler; its ``state_dict`` is stored.
+        scaler: A ``torch.amp.GradScaler``; its ``state_dict`` is stored.
+        sampler: Anything with ``state_dict()`` (``MemoryBudgetSampler``), or a state dict.
+        config: A ``TrainingConfig`` (or anything with ``to_dict``), stored as a dict.
+        plan: A ``Plan``, stored as a dict.
+        extra: More plain data to store (returned as ``CheckpointInfo.extra``).
+        keep_last: Checkpoints to keep, newest first; 0 keeps all. (Default: 3)
+
+    Returns:
+        The checkpoint file.
+
+    Raises:
+        ConfigError: On a negative ``keep_last`` or ``step``.
+    """
+    if keep_last < 0 or step < 0:
+        raise ConfigError(f"save_checkpoint: keep_last={keep_last} and step={step} must be >= 0.")
+    state: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "step": int(step),
+        "epoch": int(epoch),
+        "model": model.state_dict(),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "scheduler": None if scheduler is None else scheduler.state_dict(),
+        "scaler": None if scaler is None else scaler.state_dict(),
+        "sampler": _state_of(sampler),
+        "rng": capture_rng_state(),
+        "config": None if config is None else _as_dict(config),
+        "plan": None if plan is None else _as_dict(plan),
+        "extra": dict(extra or {}),
+    }
+    dest = checkpoint_path(directory, step)
+    _atomic_torch_save(state, dest)
+    logger.info("saved checkpoint %s (step %d, epoch %d)", dest, step, epoch)
+    if keep_last:
+        for old in list_checkpoints(directory)[:-keep_last]:
+            old.unlink(missing_ok=True)
+            logger.debug("removed old checkpoint %s", old)
+    return dest
+
+
+def load_checkpoint(
+    path: Pathlike,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    sampler: Any = None,
+    directory: Pathlike | None = None,
+    restore_rng: bool = True,
+) -> CheckpointInfo:
+    """Load a checkpoint into the given objects (those passed; the others are left alone).
+
+    Args:
+        path: A checkpoint file or folder, or ``"latest"`` (the newest in ``directory``).
+        model: Receives the weights (strictly: missing or unexpected keys are an error).
+        optimizer: Receives the optimizer state.
+        scheduler: Receives the LR schedule's state.
+        scaler: Receives the grad scaler's state (when the checkpoint has one).
+        sampler: Receives ``load_state_dict`` of the sampler state (when the checkpoint has one).
+        directory: Where ``"latest"`` looks.
+        restore_rng: Restore the Python, NumPy, torch and CUDA generators. (Default: True)
+
+    Returns:
+        A :class:`CheckpointInfo`.
+
+    Raises:
+        ConfigError: When the file is missing, is not an asrfit checkpoint, or lacks a state
+            that was asked for.
+    """
+    file = resolve_checkpoint(path, directory)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ConfigError(f"{file}: not a readable asrfit checkpoint ({exc}).") from exc
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(
+            f"{file}: not an asrfit checkpoint of format {FORMAT_VERSION}; write it with "
+            "asrfit.train.save_checkpoint."
+        )
+    model.load_state_dict(state["model"])
+    for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
+        if target is None:
+            continue
+        if state[name] is None:
+            raise ConfigError(f"{file}: has no {name} state to resume from.")
+        target.load_state_dict(state[name])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    if sampler is not None and state["sampler"] is not None:
+        sampler.load_state_dict(state["sampler"])
+    if restore_rng:
+        restore_rng_state(state["rng"])
+    logger.info("resumed from %s (step %d, epoch %d)", file, state["step"], state["epoch"])
+    return CheckpointInfo(
+        path=file,
+        step=state["step"],
+        epoch=state["epoch"],
+        config=state["config"],
+        plan=state["plan"],
+        extra=state["extra"],
+    )
+
+
+def _state_of(obj: Any) -> Any:
+    if obj is None or isinstance(obj, dict):
+        return obj
+    return obj.state_dict()
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return obj if isinstance(obj, dict) else obj.to_dict()

@@ -1,0 +1,265 @@
+"""Pre-flight: run the most memory-hungry batches once before training starts.
+
+In the spirit of icefall's ``scan_pessimistic_batches_for_oom``: before the first optimizer
+step, :func:`run_preflight` runs a forward and backward pass (no optimizer step; gradients
+are zeroed after) on each of
+
+- ``largest bucket at its limit``: the bucket with the largest predicted peak, filled to its
+  batch limit with its longest utterances;
+- ``longest utterance``: the longest utterance that is trained on, with the longest others
+  of its bucket up to the bucket's limit;
+- ``longest transcript``: the utterance with the most labels, likewise (when label lengths
+  are known).
+
+Each result gives the predicted peak (``plan.predicted_reserved_bytes``) next to the measured
+one (CUDA: ``torch.cuda.max_memory_reserved``; on CPU nothing is measured, the batches just
+run). Optimizer states do not exist yet at this point, so the measured peak lacks them; the
+batch-dependent part is what this checks. On an out-of-memory error the failing batch is
+saved to ``out_dir/preflight_failed_batch.pt`` and :class:`~asrfit.train.oom.BatchTooLargeError`
+is raised, saying which knob to turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asrfit.plan.plan import Plan
+from asrfit.train.oom import KNOBS, BatchTooLargeError, describe_batch, free_memory, is_oom
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+
+
+@dataclass
+class PessimisticBatch:
+    """A batch to try before training.
+
+    Attributes:
+        name: What makes it pessimistic ("longest utterance", ...).
+        indices: Dataset indices (an index may repeat to fill a bucket to its limit).
+        bucket: Its bucket in the plan, or None without a plan.
+        predicted_bytes: Predicted peak reserved bytes, or None without a plan.
+    """
+
+    name: str
+    indices: list[int]
+    bucket: int | None = None
+    predicted_bytes: int | None = None
+
+
+@dataclass
+class PreflightResult:
+    """One pre-flight batch that ran.
+
+    Attributes:
+        name: See :class:`PessimisticBatch`.
+        batch_size: Utterances.
+        indices: Dataset indices.
+        bucket: Bucket index or None.
+        predicted_bytes: Predicted peak reserved bytes, or None.
+        measured_bytes: ``max_memory_reserved`` over the pass (CUDA), None on CPU.
+        seconds: Wall time of the forward and backward.
+    """
+
+    name: str
+    batch_size: int
+    indices: list[int]
+    bucket: int | None
+    predicted_bytes: int | None
+    measured_bytes: int | None
+    seconds: float
+
+    def describe(self) -> str:
+        """One line, e.g. ``longest utterance: 5 utt., predicted 12.10 GiB, measured 11.80 GiB``."""
+        predicted = "-" if self.predicted_bytes is None else f"{self.predicted_bytes / GIB:.2f} GiB"
+        measured = "-" if self.measured_bytes is None else f"{self.measured_bytes / GIB:.2f} GiB"
+        return (
+            f"{self.name}: {self.batch_size} utt., predicted {predicted}, measured {measured} "
+            f"({self.seconds:.2f} s)"
+        )
+
+
+def _fill(members: list[int], durations: Sequence[float], limit: int, first: int | None) -> list[int]:
+    """``first`` (if given) plus the longest of ``members``, repeated to reach ``limit``."""
+    ordered = sorted(members, key=lambda i: -durations[i])
+    if first is not None:
+        ordered = [first] + [i for i in ordered if i != first]
+    if not ordered:
+        return []
+    out = ordered[:limit]
+    while len(out) < limit:
+        out.append(ordered[0])
+    return out
+
+
+def _predict(plan: Plan, indices: list[int], durations: Sequence[float], labels: Sequence[int] | None) -> int:
+    longest_seconds = max(durations[i] for i in indices)
+    if labels is not None:
+        label_length = max(int(labels[i]) for i in indices)
+    else:
+        label_length = math.ceil(longest_seconds * plan.labels_per_second)
+    return plan.predicted_reserved_bytes(len(indices), plan.input_length(longest_seconds), label_length)
+
+
+def pessimistic_batches(
+    durations: Sequence[float],
+    *,
+    plan: Plan | None = None,
+    label_lengths: Sequence[int] | None = None,
+    batch_limit: Callable[[float], int] | None = None,
+) -> list[PessimisticBatch]:
+    """The batches :func:`run_preflight` tries (duplicates, by index set, left out).
+
+    Args:
+        durations: Seconds per utterance (dataset order).
+        plan: Gives the buckets, their limits and the predictions.
+        label_lengths: Labels per utterance, for the longest-transcript batch.
+        batch_limit: Without a plan: ``batch_limit(seconds) -> batch size``.
+
+    Returns:
+        The batches, in the order above.
+
+    Raises:
+        ValueError: Without a plan and without ``batch_limit``, or with no durations.
+    """
+    if not durations:
+        raise ValueError("pessimistic_batches: no durations given.")
+    if plan is None and batch_limit is None:
+        raise ValueError("pessimistic_batches: give a plan or a batch_limit function.")
+    max_seconds = plan.buckets[-1].max_seconds if plan is not None else math.inf
+    trained = [i for i, d in enumerate(durations) if d <= max_seconds]
+    if not trained:
+        return []
+
+    def bucket_index(seconds: float) -> int | None:
+        if plan is None:
+            return None
+        return next(k for k, b in enumerate(plan.buckets) if seconds <= b.max_seconds)
+
+    def members_and_limit(index: int) -> tuple[list[int], int, int | None]:
+        k = bucket_index(durations[index])
+        if plan is None:
+            assert batch_limit is not None
+            return trained, batch_limit(durations[index]), None
+        low = plan.buckets[k].min_seconds if k else -math.inf
+        members = [i for i in trained if low < durations[i] <= plan.buckets[k].max_seconds]
+        return members, plan.buckets[k].batch_size, k
+
+    candidates: list[tuple[str, int]] = []
+    if plan is not None:
+        occupied = {bucket_index(durations[i]) for i in trained}
+        ks = [k for k in range(len(plan.buckets)) if k in occupied]
+        worst = max(ks, key=lambda k: (plan.buckets[k].predicted_peak_bytes, k))
+        in_worst = [i for i in trained if bucket_index(durations[i]) == worst]
+        candidates.append(("largest bucket at its limit", max(in_worst, key=lambda i: durations[i])))
+    candidates.append(("longest utterance", max(trained, key=lambda i: durations[i])))
+    if label_lengths is not None:
+        candidates.append(("longest transcript", max(trained, key=lambda i: label_lengths[i])))
+
+    out: list[PessimisticBatch] = []
+    seen: set[tuple[int, ...]] = set()
+    for name, index in candidates:
+        members, limit, k = members_and_limit(index)
+        first = index if name == "longest transcript" else None
+        indices = _fill(members, durations, limit, first)
+        key = tuple(sorted(indices))
+        if not indices or key in seen:
+            continue
+        seen.add(key)
+        predicted = None if plan is None else _predict(plan, indices, durations, label_lengths)
+        out.append(PessimisticBatch(name, indices, k, predicted))
+    return out
+
+
+def run_preflight(
+    batches: Sequence[PessimisticBatch],
+    *,
+    collate: Callable[[list[int]], Any],
+    forward_backward: Callable[[Any], None],
+    zero_grad: Callable[[], None],
+    device: torch.device,
+    out_dir: Path | None = None,
+) -> list[PreflightResult]:
+    """Run each batch's forward and backward once, then zero the gradients.
+
+    Args:
+        batches: From :func:`pessimistic_batches`.
+        collate: ``collate(indices) -> batch`` on the training device's input format.
+        forward_backward: One forward and backward pass of a batch (no optimizer step).
+        zero_grad: Clears the gradients afterwards.
+        device: Where the model is (CUDA peaks are measured there).
+        out_dir: Where a failing batch is saved (``preflight_failed_batch.pt``).
+
+    Returns:
+        One :class:`PreflightResult` per batch.
+
+    Raises:
+        BatchTooLargeError: A batch ran out of memory (after saving it); the message names the
+            batch, its shape, its prediction and the knobs to turn.
+    """
+    results = []
+    cuda = device.type == "cuda"
+    for item in batches:
+        batch = collate(item.indices)
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        started = time.perf_counter()
+        failure = None
+        try:
+            forward_backward(batch)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_oom(exc):
+                raise
+            failure = exc
+        zero_grad()
+        if failure is not None:
+            saved = _save_failed(batch, item, out_dir)
+            predicted = (
+                "no prediction"
+                if item.predicted_bytes is None
+                else f"predicted {item.predicted_bytes / GIB:.2f} GiB"
+            )
+            message = (
+                f"pre-flight: the {item.name!r} batch ({len(item.indices)} utterances, "
+                f"{describe_batch(batch)}, bucket {item.bucket}, {predicted}) ran out of memory "
+                f"({str(failure).splitlines()[0] if str(failure) else type(failure).__name__}). "
+                f"To fit it: {KNOBS}."
+                + (f" The batch is saved in {saved}." if saved is not None else "")
+            )
+            del failure, batch
+            free_memory()
+            logger.error(message)
+            raise BatchTooLargeError(message)
+        seconds = time.perf_counter() - started
+        measured = int(torch.cuda.max_memory_reserved(device)) if cuda else None
+        result = PreflightResult(
+            item.name, len(item.indices), list(item.indices), item.bucket, item.predicted_bytes,
+            measured, seconds,
+        )
+        logger.info("pre-flight %s", result.describe())
+        results.append(result)
+        del batch
+    return results
+
+
+def _save_failed(batch: Any, item: PessimisticBatch, out_dir: Path | None) -> Path | None:
+    if out_dir is None:
+        return None
+    dest = Path(out_dir) / "preflight_failed_batch.pt"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        torch.save({"name": item.name, "indices": item.indices, "batch": batch}, dest)
+    except Exception as exc:  # noqa: BLE001 - saving is best effort; the OOM is the news
+        logger.warning("could not save the failing pre-flight batch to %s: %s", dest, exc)
+        return None
+    return dest

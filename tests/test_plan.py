@@ -1,0 +1,178 @@
+"""The planner: limits fit and are maximal, agree with fresh simulations, accumulation by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from transformers import Wav2Vec2Config
+
+from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.allocator import predict_cuda
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+from asrfit.plan.plan import Bucket, Plan
+from asrfit.plan.search import PlanError, _accumulation, plan
+from asrfit.profiles.dataset import DatasetProfile
+from asrfit.profiles.hardware import HardwareProfile
+from asrfit.testing import write_manifest
+
+MIB = 2**20
+
+
+def _tiny_config() -> Wav2Vec2Config:
+    cfg = Wav2Vec2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        conv_dim=(32, 32),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 4),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        vocab_size=30,
+        feat_extract_norm="layer",
+        layerdrop=0.0,
+    )
+    cfg.architectures = ["Wav2Vec2ForCTC"]
+    return cfg
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ASRFIT_CACHE_DIR", str(tmp_path_factory.mktemp("simcache")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetProfile:
+    folder = tmp_path_factory.mktemp("data")
+    durations = [1.0 + 0.25 * i for i in range(40)]  # 1 .. 10.75 s
+    rows = [
+        {"audio_filepath": f"{i}.wav", "duration": d, "text": "ab " * int(4 * d)}
+        for i, d in enumerate(durations)
+    ]
+    return DatasetProfile.from_manifest(write_manifest(folder / "train.jsonl", rows))
+
+
+def _hardware(monkeypatch: pytest.MonkeyPatch, usable_bytes: int) -> HardwareProfile:
+    monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: usable_bytes))
+    return HardwareProfile.from_name("L4")
+
+
+def test_bucket_limits_fit_and_are_maximal(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
+) -> None:
+    usable = 1200 * MIB
+    p = plan(_hardware(monkeypatch, usable), dataset, _tiny_config(), target_hours=10.0)
+    assert p.buckets[-1].max_seconds == pytest.approx(10.75)
+    for b in p.buckets:
+        reserved = p.predicted_reserved_bytes(b.batch_size, b.max_input_length, b.max_label_length)
+        assert reserved == b.predicted_peak_bytes <= usable
+        assert (
+            p.predicted_reserved_bytes(b.batch_size + 1, b.max_input_length, b.max_label_length)
+            > usable
+        )
+    # Short buckets take larger batches than long ones.
+    assert p.buckets[0].batch_size > p.buckets[-1].batch_size
+    assert sum(b.utterance_fraction for b in p.buckets) == pytest.approx(1.0)
+
+
+def test_longest_bucket_agrees_with_a_fresh_two_step_simulation(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
+) -> None:
+    """Independent of the fit: trace the longest bucket at its limit with the full two-step simulator."""
+    p = plan(_hardware(monkeypatch, 1200 * MIB), dataset, _tiny_config(), target_hours=10.0)
+    last = p.buckets[-1]
+    step = simulate_step(
+        hf_adapter(_tiny_config()),
+        BatchShape(last.batch_size, last.max_input_length, last.max_label_length),
+        p.setup,
+    )
+    fresh = predict_cuda(
+        step.peak_bytes, step.peak_segment_bytes, architecture=p.architecture
+    ).reserved_bytes
+    assert fresh == pytest.approx(last.predicted_peak_bytes, rel=0.05)
+
+
+def test_budget_below_model_states_names_what_was_tried(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
+) -> None:
+    with pytest.raises(PlanError) as info:
+        plan(_hardware(monkeypatch, 1 * MIB), dataset, _tiny_config())
+    message = str(info.value)
+    assert "Tried:" in message and "adamw8bit" in message and "zero3+offload" in message
+    assert "more GPUs" in message
+
+
+def test_accumulation_by_hand() -> None:
+    # Half the utterances in batches of 8, half in batches of 4: 0.5/8 + 0.5/4 = 0.1875 batches
+    # per utterance, 16/3 utterances per micro-batch; 32 utterances per step -> 6 micro-batches.
+    buckets = [
+        Bucket(0.0, 2.0, 8, 32000, 30, 1, 0.5, 1.0),
+        Bucket(2.0, 4.0, 4, 64000, 60, 1, 0.5, 1.0),
+    ]
+    accum, utts, hours, warnings = _accumulation(
+        buckets, world=1, target_utts=32, target_hours=None
+    )
+    assert accum == 6
+    assert utts == pytest.approx(32.0)
+    assert hours == pytest.approx(32.0 * (0.5 * 1.0 + 0.5 * 3.0) / 3600)
+    assert warnings == []
+    accum, utts, _, warnings = _accumulation(buckets, world=4, target_utts=2, target_hours=None)
+    assert accum == 1 and "best reachable: 4" in warnings[0]
+
+
+def test_plan_round_trips_and_exports(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile, tmp_path: Path
+) -> None:
+    p = plan(_hardware(monkeypatch, 1200 * MIB), dataset, _tiny_config())
+    path = p.save(tmp_path / "plan.json")
+    assert Plan.load(path) == p
+    data = json.loads(path.read_text())
+    data["surprise"] = 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(Exception, match="surprise"):
+        Plan.load(path)
+    # target 32 utterances: no bucket takes more than 32 on one GPU
+    assert max(b.batch_size for b in p.buckets) <= 32
+
+
+def test_cli_rejects_unknown_export_before_writing(tmp_path: Path) -> None:
+    from asrfit.cli.main import cli
+
+    manifest = write_manifest(
+        tmp_path / "m.jsonl", [{"audio_filepath": "a.wav", "duration": 1.0, "text": "a"}]
+    )
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            "--model",
+            "wav2vec2-base",
+            "--data",
+            str(manifest),
+            "--gpu",
+            "H100-80GB",
+            "--export",
+            "bogus",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code != 0
+    assert "deepspeed" in result.output and "lightning" in result.output
+    assert not out.exists()
+
+
+def test_setup_is_searched(monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile) -> None:
+    p = plan(_hardware(monkeypatch, 1200 * MIB), dataset, _tiny_config())
+    assert p.setup.precision.value == "bf16"  # L4 supports bf16
+    assert isinstance(p.setup, Setup)
+    assert p.alternatives  # other setups that fit are listed
