@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.allocator import segment_bytes
@@ -65,7 +64,7 @@ class StepMemory(JsonDataclass):
             optimizer, zero_grad), for cost models that separate batch-dependent phases.
         optimizer_state_bytes: Optimizer state live after the last step (rounded).
         flops: Floating-point operations of the last step's forward and backward
-            (``torch.utils.flop_counter`` on the same trace; includes checkpointing's recompute).
+            (``torch.utils.flop_counter``'s formulas on the same trace; includes checkpointing's recompute).
         assumptions: Pessimistic rules used where values were unknowable.
         trace_seconds: Wall time of the simulation.
     """
@@ -229,14 +228,13 @@ def simulate_step(
         model = _build(adapter, setup)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(setup, params)
-        flop_counter = FlopCounterMode(display=False)
         flops_before_last = 0
-        with tracker, flop_counter:
+        with tracker:
             tracker.register(list(model.parameters()), "parameters")
             tracker.register(list(model.buffers()), "buffers")
             for step in range(1, steps + 1):
                 tracker.step = step
-                flops_before_last = flop_counter.get_total_flops()
+                flops_before_last = tracker.flops
                 with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
                     inputs = adapter.make_inputs(batch, tracker)
                     tracker.register(inputs, "inputs")
@@ -285,7 +283,7 @@ def simulate_step(
         peak_segment_bytes=segments,
         phase_peaks_bytes=phase_peaks,
         optimizer_state_bytes=state_bytes,
-        flops=flop_counter.get_total_flops() - flops_before_last,
+        flops=tracker.flops - flops_before_last,
         assumptions=assumptions,
         trace_seconds=time.perf_counter() - started,
     )

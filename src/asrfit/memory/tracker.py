@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
@@ -117,6 +118,7 @@ class StorageTracker(TorchDispatchMode):
         self.phase = "setup"
         self.step = 0
         self.assumptions: list[Assumption] = []
+        self.flops = 0  # matmul/conv/attention FLOPs, counted as torch.utils.flop_counter does
         self._ids = itertools.count(1)
         self._keys: dict[int, int] = {}  # storage _cdata -> block key, while alive
         self._refs: dict[int, weakref.ref] = {}
@@ -249,6 +251,9 @@ class StorageTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         handler = self._handlers.get(func)
         out = handler(self, func, args, kwargs) if handler is not None else func(*args, **kwargs)
+        count = flop_registry.get(func._overloadpacket)
+        if count is not None:
+            self.flops += count(*args, **kwargs, out_val=out)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(t, op=func)
