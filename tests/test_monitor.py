@@ -97,7 +97,7 @@ def test_cpu_rss_matches_proc_and_step_peak_sees_a_freed_block() -> None:
         pytest.skip("the kernel does not let this process reset VmHWM")
     monitor.start_step()
     start_bytes = vm_rss_bytes()
-    block = bytearray(64 * 2**20)  # zero-filled, so every page is resident
+    block = b"\x01" * (64 * 2**20)  # every page written, so every page is resident
     del block
     record = monitor.end_step(1, bucket=None, predicted_bytes=None, batch_size=1)
     assert record["peak_reserved_bytes"] - start_bytes >= 60 * 2**20
@@ -218,6 +218,11 @@ def test_tensorboard_missing_names_the_extra(
     monkeypatch.setattr(builtins, "__import__", failing_import)
     with pytest.raises(ImportError, match=r"pip install asrfit\[tensorboard\]"):
         MemoryMonitor(GIB, device="cpu", log_dir=tmp_path, tensorboard=True)
+    from asrfit.train.callbacks import AdaptiveMemoryCallback
+
+    with pytest.raises(ImportError, match=r"pip install asrfit\[tensorboard\]"):
+        AdaptiveMemoryCallback(log_dir=tmp_path, tensorboard=True)
+    assert not (tmp_path / "memory.jsonl").exists()
 
 
 def test_tensorboard_scalars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,6 +277,13 @@ def test_bad_arguments_are_named(kwargs: dict, match: str) -> None:
         MemoryMonitor(arguments.pop("budget_bytes"), **arguments)
 
 
+def test_end_step_rejects_a_negative_prediction() -> None:
+    monitor = fake_monitor([flat(10)])
+    monitor.start_step()
+    with pytest.raises(ConfigError, match="predicted_bytes=-5"):
+        monitor.end_step(1, bucket=0, predicted_bytes=-5, batch_size=1)
+
+
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
 )
@@ -307,8 +319,15 @@ def tiny_plan() -> Plan:
     )  # fmt: skip
 
 
-def run_trainer(tmp_path: Path, callback) -> object:
-    from transformers import Trainer, TrainingArguments
+def run_trainer(tmp_path: Path, callback) -> tuple[object, list[dict]]:
+    """Train TinyRegressor for 3 steps; also returns the logs dicts a later callback saw."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    seen_logs: list[dict] = []
+
+    class LogRecorder(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen_logs.append(dict(logs))
 
     torch.manual_seed(0)
     data = [{"x": torch.randn(4), "y": torch.randn(())} for _ in range(8)]
@@ -316,9 +335,10 @@ def run_trainer(tmp_path: Path, callback) -> object:
         output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2,
         use_cpu=True, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
     )  # fmt: skip
-    trainer = Trainer(model=TinyRegressor(), args=args, train_dataset=data, callbacks=[callback])
+    callbacks = [callback, LogRecorder()]
+    trainer = Trainer(model=TinyRegressor(), args=args, train_dataset=data, callbacks=callbacks)
     trainer.train()
-    return trainer
+    return trainer, seen_logs
 
 
 def test_callback_in_a_real_trainer(tmp_path: Path) -> None:
@@ -326,7 +346,7 @@ def test_callback_in_a_real_trainer(tmp_path: Path) -> None:
 
     plan = tiny_plan()
     callback = AdaptiveMemoryCallback(plan=plan, log_dir=tmp_path / "memory")
-    trainer = run_trainer(tmp_path, callback)
+    trainer, seen_logs = run_trainer(tmp_path, callback)
 
     lines = read_jsonl(tmp_path / "memory" / "memory.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3]
@@ -336,8 +356,12 @@ def test_callback_in_a_real_trainer(tmp_path: Path) -> None:
     expected_prediction = plan.predicted_reserved_bytes(2, 160000, 150)  # longest bucket, batch 2
     assert all(line["predicted_bytes"] == expected_prediction for line in lines)
 
-    step_logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert len(step_logs) == 3
+    step_logs = [entry for entry in seen_logs if "loss" in entry]
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(step_logs) == len(history) == 3
+    assert all(
+        entry.items() <= kept.items() for entry, kept in zip(step_logs, history, strict=True)
+    )
     for entry, line in zip(step_logs, lines, strict=True):
         assert entry["memory_reserved_gib"] == round(line["reserved_bytes"] / GIB, 4)
         assert entry["memory_peak_reserved_gib"] == round(line["peak_reserved_bytes"] / GIB, 4)

@@ -22,6 +22,9 @@ _LAZY = {
     "Plan": "asrfit.plan.plan",
     "plan": "asrfit.plan.search",
     "simulate": "asrfit.memory.report",
+    "MemoryEfficientTrainer": "asrfit.train.trainer",
+    "AdaptiveMemoryCallback": "asrfit.train.callbacks",
+    "MemoryBudgetSampler": "asrfit.data.sampler",
 }
 
 __all__ = [*_LAZY, "__version__"]

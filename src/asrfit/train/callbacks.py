@@ -26,7 +26,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from asrfit.errors import ConfigError
-from asrfit.train.monitor import GIB, MemoryMonitor, host_total_bytes
+from asrfit.train.monitor import GIB, MemoryMonitor, host_total_bytes, require_tensorboard
 from asrfit.utils.io import atomic_write_text
 
 if TYPE_CHECKING:
@@ -87,7 +87,8 @@ class AdaptiveMemoryCallback(TrainerCallback):
         summary: The monitor's :meth:`~MemoryMonitor.summary` once training has ended.
 
     Raises:
-        ConfigError: ``budget_bytes`` is not positive.
+        ConfigError: ``budget_bytes`` is not positive, or ``tensorboard`` without ``log_dir``.
+        ImportError: ``tensorboard=True`` and the ``tensorboard`` package is not installed.
     """
 
     def __init__(
@@ -103,6 +104,8 @@ class AdaptiveMemoryCallback(TrainerCallback):
             )
         if tensorboard and log_dir is None:
             raise ConfigError("AdaptiveMemoryCallback: tensorboard=True needs a log_dir.")
+        if tensorboard:
+            require_tensorboard()  # fail now, not when training begins
         self.budget_bytes = budget_bytes
         self.plan = plan
         self.log_dir = Path(log_dir) if log_dir is not None else None

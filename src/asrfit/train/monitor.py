@@ -166,17 +166,21 @@ class _CudaProbe:
         )
 
 
-def _open_summary_writer(log_dir: Path) -> Any:
-    """A TensorBoard ``SummaryWriter`` for ``log_dir``, or a clear error when not installed."""
+def require_tensorboard() -> type:
+    """TensorBoard's ``SummaryWriter`` class, or a clear error when ``tensorboard`` is missing.
+
+    Raises:
+        ImportError: The ``tensorboard`` package is not installed; says how to install it.
+    """
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
         raise ImportError(
-            "MemoryMonitor(tensorboard=True) needs the `tensorboard` package, which is not "
-            "installed: install it via `pip install asrfit[tensorboard]`, or pass tensorboard=False "
-            "(memory.jsonl is written either way)."
+            "tensorboard=True needs the `tensorboard` package, which is not installed: install "
+            "it via `pip install asrfit[tensorboard]`, or pass tensorboard=False (memory.jsonl "
+            "is written either way)."
         ) from exc
-    return SummaryWriter(log_dir=str(log_dir))
+    return SummaryWriter
 
 
 @dataclass
@@ -275,7 +279,7 @@ class MemoryMonitor:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             if tensorboard:
-                self._writer = _open_summary_writer(self.log_dir)
+                self._writer = require_tensorboard()(log_dir=str(self.log_dir))
             self._jsonl = open(self.log_dir / "memory.jsonl", "a", encoding="utf-8")  # noqa: SIM115
 
         self.steps = 0
