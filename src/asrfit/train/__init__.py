@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "MemoryEfficientTrainer": "asrfit.train.trainer",
-    "TrainSummary": "asrfit.train.trainer",
+    "TrainSummary": "asrfit.train.components",
     "AdaptiveMemoryCallback": "asrfit.train.callbacks",
     "MemoryMonitor": "asrfit.train.monitor",
     "save_checkpoint": "asrfit.train.checkpoint",
@@ -30,10 +30,11 @@ _EXPORTS = {
 if TYPE_CHECKING:  # pragma: no cover
     from asrfit.train.callbacks import AdaptiveMemoryCallback
     from asrfit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from asrfit.train.components import TrainSummary
     from asrfit.train.monitor import MemoryMonitor
     from asrfit.train.oom import BatchTooLargeError, is_oom
     from asrfit.train.preflight import run_preflight
-    from asrfit.train.trainer import MemoryEfficientTrainer, TrainSummary
+    from asrfit.train.trainer import MemoryEfficientTrainer
 
 
 def __getattr__(name: str) -> Any:
@@ -46,7 +47,18 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS))
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AdaptiveMemoryCallback",
+    "BatchTooLargeError",
+    "MemoryEfficientTrainer",
+    "MemoryMonitor",
+    "TrainSummary",
+    "is_oom",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "run_preflight",
+    "save_checkpoint",
+]

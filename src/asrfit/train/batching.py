@@ -1,8 +1,10 @@
-"""Collating dict samples, and the seed trainer's analytic batch sizes (the no-plan fallback).
+"""Collating dict samples, and choosing the batch sampler of a map-style dataset.
 
-:func:`pad_collate` turns a list of dict samples into one padded batch. :class:`AnalyticBatchSampler`
-sizes batches by the seed trainer's ``alpha_constant`` rule when there is no plan; with a plan,
-:class:`asrfit.data.sampler.MemoryBudgetSampler` (the simulator's predictions) replaces it.
+:func:`pad_collate` turns a list of dict samples into one padded batch.
+:func:`build_batch_sampler` picks the sampler: with a plan,
+:class:`asrfit.data.sampler.MemoryBudgetSampler` (batches sized by the simulator's
+predictions); without one, :class:`AnalyticBatchSampler`, sized by the seed trainer's
+``alpha_constant`` rule (:func:`analytic_batch_limit`), the fallback.
 """
 
 from __future__ import annotations
@@ -10,12 +12,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from asrfit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from asrfit.plan.plan import Plan
+    from asrfit.plan.seed_api import TrainingConfig
+
+GIB = 2**30
 
 logger = logging.getLogger(__name__)
 
@@ -61,30 +70,39 @@ def pad_collate(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _collate_values(key: str, values: list[Any]) -> Any:
     first = values[0]
-    if isinstance(first, bool) or isinstance(first, (int, float)):
+    if isinstance(first, (bool, int, float)):
         return torch.tensor(values)
-    if isinstance(first, (torch.Tensor, np.ndarray)) or (
-        isinstance(first, (list, tuple)) and all(isinstance(v, (int, float)) for v in first)
-    ):
+    if not isinstance(first, (torch.Tensor, np.ndarray, list, tuple)):
+        return list(values)
+    try:
         tensors = [torch.as_tensor(v) for v in values]
-        if any(t.dim() == 0 for t in tensors):
-            return torch.stack(tensors)
-        trailing = {tuple(t.shape[1:]) for t in tensors}
-        if len(trailing) > 1:
-            raise ConfigError(
-                f"pad_collate: {key!r} has shapes {[tuple(t.shape) for t in tensors]}; only the "
-                "first dimension may differ between samples."
-            )
-        longest = max(t.shape[0] for t in tensors)
-        out = tensors[0].new_full((len(tensors), longest, *tensors[0].shape[1:]), PAD_VALUES.get(key, 0))
-        for row, tensor in enumerate(tensors):
-            out[row, : tensor.shape[0]] = tensor
-        return out
-    return list(values)
+    except (TypeError, ValueError, RuntimeError):  # strings, ragged nesting: keep as a list
+        return list(values)
+    if any(t.dim() == 0 for t in tensors):
+        return torch.stack(tensors)
+    trailing = {tuple(t.shape[1:]) for t in tensors}
+    if len(trailing) > 1:
+        raise ConfigError(
+            f"pad_collate: {key!r} has shapes {[tuple(t.shape) for t in tensors]}; only the "
+            "first dimension may differ between samples."
+        )
+    longest = max(t.shape[0] for t in tensors)
+    pad_value = PAD_VALUES.get(key, 0)
+    out = tensors[0].new_full((len(tensors), longest, *tensors[0].shape[1:]), pad_value)
+    for row, tensor in enumerate(tensors):
+        out[row, : tensor.shape[0]] = tensor
+    return out
 
 
-def sample_length(sample: Mapping[str, Any]) -> int:
-    """Length of a sample: the longest first dimension among its array values."""
+def sample_length(sample: Any) -> int:
+    """Input length of a sample: its ``input_values``/``input_features``/``audio`` length, else
+    the longest first dimension among its array values (1 for a sample without arrays)."""
+    if not isinstance(sample, Mapping):
+        return len(sample) if hasattr(sample, "__len__") else 1
+    for key in ("input_values", "input_features", "audio"):
+        value = sample.get(key)
+        if value is not None and hasattr(value, "__len__"):
+            return len(value)
     lengths = [
         len(v)
         for v in sample.values()
@@ -219,7 +237,9 @@ class AnalyticBatchSampler:
         """Restore :meth:`state_dict`; unknown keys are an error."""
         unknown = set(state) - {"epoch", "batches_done", "seed"}
         if unknown:
-            raise ConfigError(f"AnalyticBatchSampler.load_state_dict: unknown keys {sorted(unknown)}.")
+            raise ConfigError(
+                f"AnalyticBatchSampler.load_state_dict: unknown keys {sorted(unknown)}."
+            )
         self.epoch = int(state["epoch"])
         self.batches_done = int(state["batches_done"])
         self.seed = int(state["seed"])
@@ -248,6 +268,34 @@ class IndexedCollate:
         return [i for i, _ in pairs], self.collate([s for _, s in pairs])
 
 
+def load_batches(
+    dataset: Any,
+    batch_sampler: Any,
+    collate: Callable[[list[Any]], Any],
+    *,
+    num_workers: int = 0,
+) -> Iterator[tuple[list[int], Any, int | None]]:
+    """Load the batches of a batch sampler: ``(indices, collated batch, bucket or None)``.
+
+    A ``DataLoader`` with its own ``torch.Generator``, so that starting an epoch does not
+    draw from the global RNG (an exact resume needs that); the bucket comes from the
+    sampler's ``bucket_of`` when it has one.
+    """
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        IndexedDataset(dataset),
+        batch_sampler=batch_sampler,
+        collate_fn=IndexedCollate(collate),
+        num_workers=num_workers,
+        generator=torch.Generator(),
+    )
+    inner = getattr(batch_sampler, "batch_sampler", batch_sampler)
+    bucket_of = getattr(inner, "bucket_of", None)
+    for indices, batch in loader:
+        yield indices, batch, bucket_of(indices) if callable(bucket_of) else None
+
+
 class SkipFirst:
     """A batch sampler that leaves out the first ``skip`` batches of another (no data loaded)."""
 
@@ -261,3 +309,100 @@ class SkipFirst:
 
     def __len__(self) -> int:
         return max(0, len(self.batch_sampler) - self.skip)
+
+
+@dataclass
+class DataInfo:
+    """What the trainer knows about a batch sampler's utterances.
+
+    Attributes:
+        durations: Seconds per utterance (predictions, audio seconds per second), or None.
+        label_lengths: Labels per utterance, or None.
+        lengths: What the sampler sorts by (``durations``, or input lengths without them).
+        batch_limit: ``batch_limit(length) -> batch size`` without a plan, for the pre-flight.
+    """
+
+    durations: Sequence[float] | None = None
+    label_lengths: Sequence[int] | None = None
+    lengths: Sequence[float] | None = None
+    batch_limit: Callable[[float], int] | None = None
+
+
+def build_batch_sampler(
+    dataset: Any,
+    *,
+    plan: Plan | None,
+    config: TrainingConfig,
+    parameter_bytes: int,
+    durations: Sequence[float] | None = None,
+    label_lengths: Sequence[int] | None = None,
+    seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> tuple[Any, DataInfo]:
+    """The batch sampler of a map-style dataset, sharded for ``rank`` of ``num_replicas``.
+
+    With a plan: a ``MemoryBudgetSampler`` over ``durations`` (without them, each sample's
+    input length / ``plan.input_frames_per_second``). Without a plan: an
+    :class:`AnalyticBatchSampler` over the durations (else the input lengths), sized by
+    :func:`analytic_batch_limit` when ``config.adaptive_batching``, else a fixed
+    ``per_device_train_batch_size``.
+
+    Args:
+        dataset: A map-style dataset (``len`` and ``[i]``).
+        plan: The plan, or None.
+        config: The training config.
+        parameter_bytes: Bytes of the model's parameters (the analytic rule).
+        durations: Seconds per utterance; else read from the samples (logged).
+        label_lengths: Labels per utterance.
+        seed: Shuffle seed.
+        num_replicas: Data-parallel processes.
+        rank: This process.
+
+    Returns:
+        The sampler and its :class:`DataInfo`.
+    """
+    lengths: list[float] | None = None
+    if durations is None:
+        logger.info(
+            "reading %d samples to measure their lengths (pass durations= to skip)", len(dataset)
+        )
+        lengths = [float(sample_length(dataset[i])) for i in range(len(dataset))]
+    if plan is not None:
+        from asrfit.data.sampler import MemoryBudgetSampler
+
+        if durations is None:
+            durations = [n / plan.input_frames_per_second for n in lengths]
+        sampler = MemoryBudgetSampler(
+            durations,
+            plan,
+            label_lengths=label_lengths,
+            seed=seed,
+            num_replicas=num_replicas,
+            rank=rank,
+        )
+        return sampler, DataInfo(durations, label_lengths, durations)
+    lengths = list(durations) if lengths is None else lengths
+    base = config.per_device_train_batch_size
+    if config.adaptive_batching:
+        percentile_length = float(np.percentile(lengths, config.sequence_length_percentile))
+        budget = None if config.max_memory_gb is None else int(config.max_memory_gb * GIB)
+
+        def limit(length: float) -> int:
+            return analytic_batch_limit(
+                length,
+                percentile_length=percentile_length,
+                base_batch_size=base,
+                alpha_constant=config.alpha_constant,
+                parameter_bytes=parameter_bytes,
+                budget_bytes=budget,
+            )
+    else:
+
+        def limit(length: float) -> int:
+            return base
+
+    sampler = AnalyticBatchSampler(
+        lengths, limit, base_batch_size=base, seed=seed, num_replicas=num_replicas, rank=rank
+    )
+    return sampler, DataInfo(durations, label_lengths, lengths, limit)

@@ -13,6 +13,7 @@ already trained in it (the trainer skips those without loading their data).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import random
@@ -20,13 +21,16 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from asrfit.errors import ConfigError
 from asrfit.utils.io import Pathlike
+
+if TYPE_CHECKING:
+    from asrfit.train.trainer import MemoryEfficientTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +102,13 @@ def capture_rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
-        "numpy": [kind, torch.from_numpy(np.asarray(keys).astype(np.int64)), pos, has_gauss, cached],
+        "numpy": [
+            kind,
+            torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            pos,
+            has_gauss,
+            cached,
+        ],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -284,6 +294,55 @@ def load_checkpoint(
     )
 
 
+def tracks_consumed(sampler: Any) -> bool:
+    """Whether ``sampler.state_dict`` takes ``batches_consumed`` (``MemoryBudgetSampler`` does)."""
+    method = getattr(sampler, "state_dict", None)
+    if not callable(method):
+        return False
+    try:
+        return "batches_consumed" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def sampler_checkpoint_state(
+    sampler: Any, batches_in_epoch: int, epoch_start_state: Any
+) -> dict[str, Any] | None:
+    """The sampler's part of a checkpoint; None between epochs or without a sampler.
+
+    A sampler whose ``state_dict`` takes ``batches_consumed`` stores its exact position (a
+    prefetching data loader runs ahead of the training loop): kind ``"position"``. Any other
+    stores its state at the start of the epoch, and resume skips the batches already
+    trained: kind ``"epoch_start"``.
+    """
+    if sampler is None or batches_in_epoch == 0:
+        return None
+    if tracks_consumed(sampler):
+        return {"kind": "position", "state": sampler.state_dict(batches_consumed=batches_in_epoch)}
+    return {"kind": "epoch_start", "state": epoch_start_state}
+
+
+def restore_sampler(
+    sampler: Any, saved: dict[str, Any] | None, batches_in_epoch: int
+) -> tuple[int, bool]:
+    """Put a fresh sampler where :func:`sampler_checkpoint_state` left it.
+
+    Returns:
+        ``(batches to skip, restored)``: ``restored`` False means "start the epoch afresh"
+        (call ``set_epoch``); without a sampler (a data loader) the epoch's first
+        ``batches_in_epoch`` batches are to be skipped.
+    """
+    if sampler is None:
+        return batches_in_epoch, False
+    if saved is None:
+        return 0, False
+    if saved["state"] is not None:
+        sampler.load_state_dict(saved["state"])
+    if saved["kind"] == "position":
+        return 0, True
+    return batches_in_epoch, True
+
+
 def _state_of(obj: Any) -> Any:
     if obj is None or isinstance(obj, dict):
         return obj
@@ -292,3 +351,80 @@ def _state_of(obj: Any) -> Any:
 
 def _as_dict(obj: Any) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else obj.to_dict()
+
+
+def save_trainer_checkpoint(trainer: MemoryEfficientTrainer) -> Path | None:
+    """Checkpoint a trainer's current step (see :meth:`MemoryEfficientTrainer.save_checkpoint`).
+
+    The per-process parts (sampler position, RNG states) of every process are gathered into
+    the one file the main process writes.
+    """
+    if trainer.checkpoint_dir is None:
+        raise ConfigError("save_checkpoint: the trainer has no out_dir to write to.")
+    acc = trainer.accelerator
+    sampler_state = sampler_checkpoint_state(
+        trainer.sampler, trainer.batches_in_epoch, trainer.epoch_start_state
+    )
+    ranks = [{"sampler": sampler_state, "rng": capture_rng_state()}]
+    if acc.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        ranks = gather_object(ranks)
+    path = None
+    if acc.is_main_process:
+        path = save_checkpoint(
+            trainer.checkpoint_dir,
+            model=trainer.unwrapped_model,
+            step=trainer.global_step,
+            epoch=trainer.epoch,
+            optimizer=getattr(trainer.optimizer, "optimizer", trainer.optimizer),
+            scheduler=trainer.scheduler,
+            scaler=acc.scaler,
+            config=trainer.config,
+            plan=trainer.plan,
+            extra={"batches_in_epoch": trainer.batches_in_epoch, "ranks": ranks},
+            keep_last=trainer.keep_last,
+        )
+    acc.wait_for_everyone()
+    return path
+
+
+def resume_trainer(
+    trainer: MemoryEfficientTrainer, resume_from: Pathlike, sampler: Any
+) -> tuple[int, bool]:
+    """Load a checkpoint into a trainer (and its fresh sampler) to continue exactly.
+
+    Returns:
+        ``(batches to skip, sampler restored)``, see :func:`restore_sampler`.
+
+    Raises:
+        ConfigError: An unreadable checkpoint, or one saved by another number of processes.
+    """
+    acc = trainer.accelerator
+    info = load_checkpoint(
+        resume_from,
+        model=trainer.unwrapped_model,
+        optimizer=getattr(trainer.optimizer, "optimizer", trainer.optimizer),
+        scheduler=trainer.scheduler,
+        scaler=acc.scaler,
+        directory=trainer.checkpoint_dir,
+        restore_rng=False,
+    )
+    ranks = info.extra.get("ranks", [])
+    if len(ranks) != acc.num_processes:
+        raise ConfigError(
+            f"{info.path}: saved by {len(ranks)} processes, resumed on {acc.num_processes}; "
+            "exact resume needs the same number."
+        )
+    if info.plan is not None and trainer.plan is not None:
+        from asrfit.plan.plan import Plan
+
+        trainer.plan = Plan.from_dict(info.plan)  # with any limits lowered after OOMs
+    trainer.global_step, trainer.epoch = info.step, info.epoch
+    trainer.batches_in_epoch = int(info.extra.get("batches_in_epoch", 0))
+    rank_state = ranks[acc.process_index]
+    restore_rng_state(rank_state["rng"])
+    saved = rank_state["sampler"]
+    if saved is not None and saved["kind"] == "epoch_start":
+        trainer.epoch_start_state = saved["state"]
+    return restore_sampler(sampler, saved, trainer.batches_in_epoch)

@@ -18,15 +18,21 @@ are dropped first), ``gc.collect()`` runs and, on CUDA, ``torch.cuda.empty_cache
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
 from asrfit.errors import AsrfitError
+
+if TYPE_CHECKING:
+    from asrfit.plan.plan import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -279,15 +285,17 @@ def run_with_recovery(
 
 def mark_backward(exc: BaseException) -> None:
     """Tag an exception raised by a backward pass (see :func:`run_with_recovery`)."""
-    try:
+    with contextlib.suppress(AttributeError):  # exceptions with __slots__
         exc.asrfit_phase = "backward"  # type: ignore[attr-defined]
-    except AttributeError:  # pragma: no cover - exceptions with __slots__
-        pass
 
 
 @dataclass
 class BucketOOMCounter:
     """Counts OOMs per bucket and decides when a bucket's limit comes down.
+
+    Each OOM is recorded with ``ok_size``: the largest piece of the failing micro-batch that
+    then ran. The new limit is the smallest ``ok_size`` seen since the bucket's last lowering
+    (a size that is known to run), and always below the current limit.
 
     Args:
         oom_limit: OOMs in one bucket (since its last lowering) that lower its limit.
@@ -296,22 +304,69 @@ class BucketOOMCounter:
 
     oom_limit: int = 2
     counts: dict[int, int] = field(default_factory=dict)
-    largest_ok_sizes: dict[int, int] = field(default_factory=dict)
+    ok_sizes: dict[int, int] = field(default_factory=dict)
 
     def record(self, bucket: int | None, ok_size: int) -> bool:
         """Count one OOM of ``bucket`` whose pieces then ran at ``ok_size``; True at the limit."""
         if bucket is None:
             return False
         self.counts[bucket] = self.counts.get(bucket, 0) + 1
-        self.largest_ok_sizes[bucket] = min(self.largest_ok_sizes.get(bucket, ok_size), ok_size)
+        self.ok_sizes[bucket] = min(self.ok_sizes.get(bucket, ok_size), ok_size)
         return self.counts[bucket] >= self.oom_limit
 
     def new_limit(self, bucket: int, current_limit: int) -> int | None:
-        """The lowered limit (largest size that ran, below the current), or None to keep it."""
-        ok = self.largest_ok_sizes.get(bucket)
+        """The lowered limit, or None to keep the current one; the bucket's count restarts."""
+        ok = self.ok_sizes.get(bucket)
         self.counts.pop(bucket, None)
-        self.largest_ok_sizes.pop(bucket, None)
+        self.ok_sizes.pop(bucket, None)
         if ok is None:
             return None
         new = max(1, min(current_limit - 1, ok))
         return new if new < current_limit else None
+
+
+def lower_bucket_limit(
+    plan: Plan,
+    bucket: int,
+    new_limit: int,
+    *,
+    sampler: Any = None,
+    out_dir: Path | None = None,
+    oom_count: int = 0,
+) -> Plan:
+    """Lower a bucket's batch limit after repeated OOMs: in a copy of the plan and the sampler.
+
+    Args:
+        plan: The current plan (left unchanged).
+        bucket: Index into ``plan.buckets``.
+        new_limit: The new batch limit.
+        sampler: Gets ``lower_limit(bucket, new_limit)`` when it has that method.
+        out_dir: Where the adjusted plan is written (``plan.adjusted.json``, atomically).
+        oom_count: OOMs that led to this, for the log line.
+
+    Returns:
+        The adjusted plan.
+    """
+    from asrfit.plan.plan import Plan
+
+    adjusted = Plan.from_dict(plan.to_dict())
+    old = adjusted.buckets[bucket]
+    adjusted.buckets[bucket] = dataclasses.replace(old, batch_size=new_limit)
+    lower = getattr(sampler, "lower_limit", None)
+    if callable(lower):
+        lower(bucket, new_limit)
+    where = ""
+    if out_dir is not None:
+        path = adjusted.save(Path(out_dir) / "plan.adjusted.json")
+        where = f"; adjusted plan written to {path}"
+    logger.warning(
+        "bucket %d (%.1f-%.1f s) ran out of memory %d times: its batch limit goes from %d to %d%s.",
+        bucket,
+        old.min_seconds,
+        old.max_seconds,
+        oom_count,
+        old.batch_size,
+        new_limit,
+        where,
+    )
+    return adjusted

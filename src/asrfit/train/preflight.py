@@ -27,12 +27,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asrfit.plan.plan import Plan
 from asrfit.train.oom import KNOBS, BatchTooLargeError, describe_batch, free_memory, is_oom
+
+if TYPE_CHECKING:
+    from asrfit.plan.plan import Plan
+    from asrfit.train.trainer import MemoryEfficientTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +91,9 @@ class PreflightResult:
         )
 
 
-def _fill(members: list[int], durations: Sequence[float], limit: int, first: int | None) -> list[int]:
+def _fill(
+    members: list[int], durations: Sequence[float], limit: int, first: int | None
+) -> list[int]:
     """``first`` (if given) plus the longest of ``members``, repeated to reach ``limit``."""
     ordered = sorted(members, key=lambda i: -durations[i])
     if first is not None:
@@ -101,13 +106,25 @@ def _fill(members: list[int], durations: Sequence[float], limit: int, first: int
     return out
 
 
-def _predict(plan: Plan, indices: list[int], durations: Sequence[float], labels: Sequence[int] | None) -> int:
+def predict_batch_bytes(
+    plan: Plan,
+    indices: Sequence[int],
+    durations: Sequence[float],
+    label_lengths: Sequence[int] | None = None,
+) -> int:
+    """The plan's predicted reserved bytes of a padded batch of these utterances.
+
+    The batch is ``len(indices)`` copies of its longest input and its longest label
+    (``ceil(seconds x plan.labels_per_second)`` without label lengths).
+    """
     longest_seconds = max(durations[i] for i in indices)
-    if labels is not None:
-        label_length = max(int(labels[i]) for i in indices)
+    if label_lengths is not None:
+        label_length = max(int(label_lengths[i]) for i in indices)
     else:
         label_length = math.ceil(longest_seconds * plan.labels_per_second)
-    return plan.predicted_reserved_bytes(len(indices), plan.input_length(longest_seconds), label_length)
+    return plan.predicted_reserved_bytes(
+        len(indices), plan.input_length(longest_seconds), label_length
+    )
 
 
 def pessimistic_batches(
@@ -160,7 +177,9 @@ def pessimistic_batches(
         ks = [k for k in range(len(plan.buckets)) if k in occupied]
         worst = max(ks, key=lambda k: (plan.buckets[k].predicted_peak_bytes, k))
         in_worst = [i for i in trained if bucket_index(durations[i]) == worst]
-        candidates.append(("largest bucket at its limit", max(in_worst, key=lambda i: durations[i])))
+        candidates.append(
+            ("largest bucket at its limit", max(in_worst, key=lambda i: durations[i]))
+        )
     candidates.append(("longest utterance", max(trained, key=lambda i: durations[i])))
     if label_lengths is not None:
         candidates.append(("longest transcript", max(trained, key=lambda i: label_lengths[i])))
@@ -175,7 +194,9 @@ def pessimistic_batches(
         if not indices or key in seen:
             continue
         seen.add(key)
-        predicted = None if plan is None else _predict(plan, indices, durations, label_lengths)
+        predicted = (
+            None if plan is None else predict_batch_bytes(plan, indices, durations, label_lengths)
+        )
         out.append(PessimisticBatch(name, indices, k, predicted))
     return out
 
@@ -243,8 +264,13 @@ def run_preflight(
         seconds = time.perf_counter() - started
         measured = int(torch.cuda.max_memory_reserved(device)) if cuda else None
         result = PreflightResult(
-            item.name, len(item.indices), list(item.indices), item.bucket, item.predicted_bytes,
-            measured, seconds,
+            item.name,
+            len(item.indices),
+            list(item.indices),
+            item.bucket,
+            item.predicted_bytes,
+            measured,
+            seconds,
         )
         logger.info("pre-flight %s", result.describe())
         results.append(result)
@@ -263,3 +289,38 @@ def _save_failed(batch: Any, item: PessimisticBatch, out_dir: Path | None) -> Pa
         logger.warning("could not save the failing pre-flight batch to %s: %s", dest, exc)
         return None
     return dest
+
+
+def preflight_trainer(trainer: MemoryEfficientTrainer) -> list[PreflightResult]:
+    """Run :func:`run_preflight` on a trainer's dataset, plan and model.
+
+    Skipped (empty list, logged) when the dataset's durations or lengths are not known.
+    """
+    info, plan, dataset = trainer.info, trainer.plan, trainer.dataset
+    if info.lengths is None or dataset is None:
+        logger.info("pre-flight skipped: the dataset's durations are not known.")
+        return []
+    limit = info.batch_limit
+    if plan is None and limit is None:
+        fixed = trainer.config.per_device_train_batch_size
+        limit = lambda seconds: fixed  # noqa: E731
+    batches = pessimistic_batches(
+        info.lengths, plan=plan, label_lengths=info.label_lengths, batch_limit=limit
+    )
+    acc = trainer.accelerator
+
+    def forward_backward(batch: Any) -> None:
+        from accelerate.utils import send_to_device
+
+        with acc.no_sync(trainer.model):
+            loss_sum, units = trainer.loss_fn(trainer.model, send_to_device(batch, acc.device))
+            acc.backward(loss_sum / max(1, int(units)))
+
+    return run_preflight(
+        batches,
+        collate=lambda indices: trainer.collate_fn([dataset[i] for i in indices]),
+        forward_backward=forward_backward,
+        zero_grad=lambda: trainer.optimizer.zero_grad(set_to_none=True),
+        device=acc.device,
+        out_dir=trainer.out_dir,
+    )

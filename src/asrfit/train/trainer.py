@@ -1,0 +1,611 @@
+"""``MemoryEfficientTrainer``: train on a plan with Accelerate, exactly accumulated, OOM-safe.
+
+One optimizer step takes a *window* of ``gradient_accumulation_steps`` micro-batches, which
+may differ in size (the memory-budget sampler's buckets). The model-specific loss is
+``loss_fn(model, batch) -> (loss_sum, units)``: the loss summed over the batch's
+normalisation units (utterances, tokens or frames) and their number. Before running the
+window the trainer counts its units with ``units_fn`` (summed over all processes), then
+back-propagates ``loss_sum x world_size / total_units`` for each micro-batch, so the
+accumulated (and, under DDP, averaged) gradient is the gradient of the mean loss over the
+whole window on all processes: the same as one big batch, whatever the micro-batch sizes.
+Gradients synchronise across processes only on the window's last micro-batch
+(``accelerator.no_sync`` before). Accelerate's ``accumulate()``, which divides by the number
+of micro-batches, is not used.
+
+Around that: mixed precision (from the plan's setup, else the config), gradient clipping, a
+linear warm-up then linear decay schedule, gradient checkpointing, out-of-memory recovery
+(:mod:`asrfit.train.oom`), the memory monitor (:mod:`asrfit.train.monitor`), a pre-flight
+run of the most memory-hungry batches (:mod:`asrfit.train.preflight`) and exact resume
+(:mod:`asrfit.train.checkpoint`). With a plan whose ZeRO stage is above 0 the model runs
+under DeepSpeed through ``accelerate.DeepSpeedPlugin`` (not tested here: DeepSpeed counts
+micro-batches itself, which a variable number per step may not suit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from asrfit.errors import ConfigError
+from asrfit.train import checkpoint as ckpt
+from asrfit.train.batching import (
+    DataInfo,
+    SkipFirst,
+    build_batch_sampler,
+    load_batches,
+    pad_collate,
+)
+from asrfit.train.components import (
+    LinearWarmupDecay,
+    MicroBatch,
+    MissingDependencyError,
+    ProgressReport,
+    StepRecord,
+    TrainSummary,
+    build_optimizer,
+    configure_cuda_allocator,
+    deepspeed_plugin,
+    default_loss_fn,
+    enable_gradient_checkpointing,
+    memory_budget_bytes,
+    resolve_mixed_precision,
+)
+from asrfit.train.oom import (
+    BucketOOMCounter,
+    OOMEvent,
+    batch_size_of,
+    describe_batch,
+    lower_bucket_limit,
+    mark_backward,
+    run_with_recovery,
+    split_batch,
+)
+from asrfit.train.preflight import PreflightResult, predict_batch_bytes, preflight_trainer
+from asrfit.utils.io import Pathlike
+
+if TYPE_CHECKING:  # the plan and the config import scipy and transformers: only when used
+    from asrfit.plan.plan import Plan
+    from asrfit.plan.seed_api import TrainingConfig
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
+
+
+class MemoryEfficientTrainer:
+    """Train a model on a plan (or the seed's config) with Accelerate.
+
+    Where the plan and the config disagree, the plan decides precision, gradient
+    checkpointing, optimizer and ZeRO; the config decides learning rate, warm-up, clipping,
+    accumulation and epochs (``TrainingConfig.from_plan`` makes them agree).
+
+    Args:
+        model: The model (an ``nn.Module``).
+        config: A ``TrainingConfig``. (Default: ``TrainingConfig.from_plan(plan)``, or
+            ``TrainingConfig()`` without a plan)
+        plan: An asrfit ``Plan``: buckets for the sampler, the setup, the predictions.
+        loss_fn: ``loss_fn(model, batch) -> (loss_sum, units)``; ``model`` is the prepared
+            (possibly DDP-wrapped) model. (Default: :func:`~asrfit.train.components.default_loss_fn`)
+        units_fn: ``units_fn(batch) -> units``, counted before the forward pass; must give what
+            ``loss_fn`` returns as units (checked). (Default: utterances in the batch)
+        optimizer: Your optimizer. (Default: from the plan's setup or the config's ``optim``)
+        out_dir: Checkpoints, ``memory.jsonl``, adjusted plan, failed pre-flight batch.
+        collate_fn: ``collate(samples) -> batch`` for map-style datasets.
+            (Default: :func:`~asrfit.train.batching.pad_collate`)
+        oom_limit: OOMs in one bucket before its batch limit is lowered. (Default: 2)
+        keep_last: Checkpoints kept. (Default: 3)
+        save_every_steps: Checkpoint every this many steps; with ``out_dir`` a last one is
+            written at the end of :meth:`train` either way. (Default: None)
+        preflight: Run the pessimistic batches before the first step (needs the durations
+            or a map-style dataset). (Default: True)
+        progress: Show a progress bar (main process). (Default: True)
+        log_every_steps: Log a line every this many steps. (Default: 10)
+        seed: Sampler shuffle seed. (Default: 0)
+        expandable_segments: Override the plan's ``expandable_segments``; without a plan
+            it is on. (Default: None)
+        cpu: Train on the CPU even when CUDA is available. (Default: False)
+
+    Raises:
+        MissingDependencyError: The plan needs DeepSpeed (or bitsandbytes) and it is not installed.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TrainingConfig | None = None,
+        *,
+        plan: Plan | None = None,
+        loss_fn: LossFn | None = None,
+        units_fn: Callable[[Any], int] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        out_dir: Pathlike | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        oom_limit: int = 2,
+        keep_last: int = 3,
+        save_every_steps: int | None = None,
+        preflight: bool = True,
+        progress: bool = True,
+        log_every_steps: int = 10,
+        seed: int = 0,
+        expandable_segments: bool | None = None,
+        cpu: bool = False,
+    ) -> None:
+        from accelerate import Accelerator
+        from accelerate.state import AcceleratorState
+
+        if config is None:
+            from asrfit.plan.seed_api import TrainingConfig
+
+            config = TrainingConfig.from_plan(plan) if plan is not None else TrainingConfig()
+        self.config, self.plan = config, plan
+        self.loss_fn = loss_fn or default_loss_fn
+        self.units_fn = units_fn or batch_size_of
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.collate_fn = collate_fn or pad_collate
+        self.keep_last, self.save_every_steps = keep_last, save_every_steps
+        self.preflight_enabled, self.progress = preflight, progress
+        self.log_every_steps, self.seed = max(1, log_every_steps), seed
+        self.oom_counter = BucketOOMCounter(oom_limit)
+        self.accumulation_steps = config.gradient_accumulation_steps
+
+        flag = plan.expandable_segments if plan is not None else True
+        configure_cuda_allocator(flag if expandable_segments is None else expandable_segments)
+        cuda = torch.cuda.is_available() and not cpu
+        mixed_precision, pure_bf16 = resolve_mixed_precision(plan, config, cuda=cuda)
+        plugin = deepspeed_plugin(plan) if plan is not None and plan.setup.zero_stage else None
+        if AcceleratorState._shared_state:  # a second trainer in a process may change precision
+            AcceleratorState._reset_state()
+        self.accelerator = Accelerator(
+            mixed_precision=mixed_precision, cpu=cpu, deepspeed_plugin=plugin
+        )
+        if pure_bf16:
+            model = model.to(torch.bfloat16)
+        if plan.setup.gradient_checkpointing if plan is not None else config.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        if optimizer is None:
+            kind = plan.setup.optimizer if plan is not None else config.optim
+            optimizer = build_optimizer(model, kind, config.learning_rate)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self._deepspeed_steps = 0
+        if plugin is not None:  # DeepSpeed divides each micro-batch's loss by this
+            self._deepspeed_steps = int(plugin.deepspeed_config["gradient_accumulation_steps"])
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.monitor: Any = None
+        self.global_step, self.epoch, self.batches_in_epoch = 0, 0, 0
+        self.history: list[StepRecord] = []
+        self.oom_events: list[OOMEvent] = []
+        self.preflight_results: list[PreflightResult] = []
+        self.info = DataInfo()
+        self._sampler_cache: dict[int, tuple[Any, DataInfo]] = {}
+        self.sampler: Any = None
+        self.dataset: Any = None
+        self.epoch_start_state: Any = None
+        self._last_memory: dict[str, Any] = {}
+        logger.info(
+            "trainer: %s on %s x %d, mixed precision %s%s, %d micro-batches per step, lr %g",
+            type(model).__name__,
+            self.accelerator.device,
+            self.accelerator.num_processes,
+            mixed_precision,
+            " (pure bf16 weights)" if pure_bf16 else "",
+            self.accumulation_steps,
+            config.learning_rate,
+        )
+
+    @property
+    def unwrapped_model(self) -> torch.nn.Module:
+        """The model without the DDP/DeepSpeed wrapper (for attributes and saving)."""
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        """``out_dir/checkpoints``."""
+        return None if self.out_dir is None else self.out_dir / "checkpoints"
+
+    # ------------------------------------------------------------------ data
+    def make_sampler(
+        self,
+        dataset: Any,
+        *,
+        durations: Sequence[float] | None = None,
+        label_lengths: Sequence[int] | None = None,
+    ) -> Any:
+        """The batch sampler :meth:`train` uses for a map-style dataset (cached per dataset).
+
+        See :func:`~asrfit.train.batching.build_batch_sampler`: a ``MemoryBudgetSampler``
+        with a plan, else the seed's analytic rule; sharded by process.
+        """
+        cached = self._sampler_cache.get(id(dataset))
+        if cached is None:
+            parameter_bytes = sum(
+                p.numel() * p.element_size() for p in self.unwrapped_model.parameters()
+            )
+            cached = build_batch_sampler(
+                dataset,
+                plan=self.plan,
+                config=self.config,
+                parameter_bytes=parameter_bytes,
+                durations=durations,
+                label_lengths=label_lengths,
+                seed=self.seed,
+                num_replicas=self.accelerator.num_processes,
+                rank=self.accelerator.process_index,
+            )
+            self._sampler_cache[id(dataset)] = cached
+            self._sampler_cache[id(cached[0])] = cached
+        return cached[0]
+
+    def _resolve_data(self, data: Any, dataset: Any, durations: Any, label_lengths: Any) -> Any:
+        """Return the batch sampler (None for a data loader); set ``_dataset`` and ``info``."""
+        from torch.utils.data import DataLoader
+
+        is_dataset = (
+            dataset is None
+            and not isinstance(data, (DataLoader, list, tuple))
+            and hasattr(data, "__getitem__")
+            and hasattr(data, "__len__")
+        )
+        if is_dataset:
+            dataset, data = (
+                data,
+                self.make_sampler(data, durations=durations, label_lengths=label_lengths),
+            )
+        self.dataset = dataset
+        if dataset is None:
+            self.info = DataInfo(durations, label_lengths)
+            return None
+        known = self._sampler_cache.get(id(data), (None, DataInfo()))[1]
+        durations = _first(durations, known.durations, getattr(data, "durations", None))
+        label_lengths = _first(
+            label_lengths, known.label_lengths, getattr(data, "label_lengths", None)
+        )
+        lengths = known.lengths if known.lengths is not None else durations
+        self.info = DataInfo(durations, label_lengths, lengths, known.batch_limit)
+        replicas = getattr(data, "num_replicas", None)
+        if replicas is not None and replicas != self.accelerator.num_processes:
+            raise ConfigError(
+                f"the sampler is sharded for num_replicas={replicas}, but training runs on "
+                f"{self.accelerator.num_processes} processes; build it with "
+                "num_replicas=accelerator.num_processes, rank=accelerator.process_index."
+            )
+        return data
+
+    def _predicted_bytes(self, micro: MicroBatch) -> int | None:
+        if self.plan is None or self.info.durations is None or micro.indices is None:
+            return None
+        return predict_batch_bytes(
+            self.plan, micro.indices, self.info.durations, self.info.label_lengths
+        )
+
+    # ------------------------------------------------------------------ one optimizer step
+    def _reduce_sum(self, values: list[float]) -> list[float]:
+        if self.accelerator.num_processes == 1:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+        return self.accelerator.reduce(tensor, "sum").tolist()
+
+    def _forward_backward(self, micro: MicroBatch, sync: bool, scale: float) -> tuple[float, int]:
+        from accelerate.utils import send_to_device
+
+        acc = self.accelerator
+        with contextlib.nullcontext() if sync else acc.no_sync(self.model):
+            loss_sum, units = self.loss_fn(self.model, send_to_device(micro.batch, acc.device))
+            expected = int(self.units_fn(micro.batch))
+            if int(units) != expected:
+                raise ConfigError(
+                    f"loss_fn returned units={int(units)} for a batch ({describe_batch(micro.batch)}) "
+                    f"for which units_fn counted {expected}; pass units_fn= that counts the same "
+                    "units as loss_fn (utterances by default; e.g. label tokens)."
+                )
+            if self._deepspeed_steps:  # DeepSpeed steps at the boundary we mark and divides
+                acc.gradient_state._set_sync_gradients(sync)  # the loss by its own accumulation
+                scale *= self._deepspeed_steps
+            try:
+                acc.backward(loss_sum * scale)
+            except Exception as exc:
+                mark_backward(exc)
+                raise
+            finally:
+                if self._deepspeed_steps:
+                    acc.gradient_state._set_sync_gradients(True)
+        return float(loss_sum.detach()), expected
+
+    def _split(self, micro: MicroBatch, sizes: tuple[int, int]) -> tuple[MicroBatch, MicroBatch]:
+        """Halves of a micro-batch: re-collated from the dataset (less padding) when possible."""
+        if micro.indices is not None and self.dataset is not None:
+            parts = [micro.indices[: sizes[0]], micro.indices[sizes[0] :]]
+            a, b = (self.collate_fn([self.dataset[i] for i in part]) for part in parts)
+        else:
+            parts = [None, None]
+            a, b = split_batch(micro.batch, sizes)
+        return (
+            MicroBatch(a, parts[0], micro.bucket, micro.origin),
+            MicroBatch(b, parts[1], micro.bucket, micro.origin),
+        )
+
+    def _step(self, window: list[MicroBatch]) -> StepRecord:
+        acc = self.accelerator
+        for position, micro in enumerate(window):
+            micro.origin = position
+        local_units = sum(int(self.units_fn(m.batch)) for m in window)
+        (global_units,) = self._reduce_sum([float(local_units)])
+        if global_units <= 0:
+            raise ConfigError("an optimizer step has 0 loss units (empty labels?); check units_fn.")
+        scale = acc.num_processes / global_units  # DDP averages over processes
+        self.monitor.start_step()
+        learning_rate = self.optimizer.param_groups[0]["lr"]
+        report = run_with_recovery(
+            window,
+            lambda micro, sync: self._forward_backward(micro, sync, scale),
+            size_of=lambda micro: micro.size,
+            split=self._split,
+            restart=lambda: self.optimizer.zero_grad(set_to_none=True),
+            describe=lambda micro: describe_batch(micro.batch),
+        )
+        if self.config.max_grad_norm > 0:
+            acc.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        if not acc.optimizer_step_was_skipped:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        ok_sizes: dict[int, int] = {}
+        for piece in report.pieces:
+            ok_sizes[piece.origin] = max(ok_sizes.get(piece.origin, 0), piece.size)
+        local_events = [(piece.bucket, ok_sizes[piece.origin]) for piece, *_ in report.events]
+        loss_sum = sum(result[0] for result in report.results)
+        global_loss, n_events = self._reduce_sum([loss_sum, float(len(local_events))])
+        for piece, size, phase, halves in report.events:
+            self.oom_events.append(OOMEvent(self.global_step, piece.bucket, size, phase, halves))
+        if n_events:
+            self._count_ooms(local_events)
+        heaviest = max(window, key=lambda m: (self._predicted_bytes(m) or 0, m.size))
+        self._last_memory = self.monitor.end_step(
+            self.global_step,
+            bucket=heaviest.bucket,
+            predicted_bytes=self._predicted_bytes(heaviest),
+            batch_size=heaviest.size,
+        )
+        has_indices = all(m.indices is not None for m in window)
+        return StepRecord(
+            step=self.global_step,
+            epoch=self.epoch,
+            loss=global_loss / global_units,
+            units=int(global_units),
+            utterances=sum(m.size for m in window),
+            micro_batch_sizes=[m.size for m in window],
+            indices=[list(m.indices) for m in window] if has_indices else None,
+            learning_rate=learning_rate,
+        )
+
+    def _count_ooms(self, local_events: list[tuple[int | None, int]]) -> None:
+        """Lower a bucket's limit after ``oom_limit`` OOMs in it (the same on every process)."""
+        events = local_events
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            events = [e for per_rank in gather_object([local_events]) for e in per_rank]
+        for bucket, ok_size in events:
+            if not self.oom_counter.record(bucket, ok_size) or self.plan is None:
+                continue
+            new = self.oom_counter.new_limit(bucket, self.plan.buckets[bucket].batch_size)
+            if new is not None:
+                self.plan = lower_bucket_limit(
+                    self.plan,
+                    bucket,
+                    new,
+                    sampler=self.sampler,
+                    out_dir=self.out_dir if self.accelerator.is_main_process else None,
+                    oom_count=self.oom_counter.oom_limit,
+                )
+
+    # ------------------------------------------------------------------ the loop
+    def train(
+        self,
+        data: Any,
+        *,
+        dataset: Any = None,
+        epochs: float | None = None,
+        max_steps: int | None = None,
+        resume_from: Pathlike | None = None,
+        durations: Sequence[float] | None = None,
+        label_lengths: Sequence[int] | None = None,
+    ) -> TrainSummary:
+        """Train until ``max_steps`` optimizer steps, or ``epochs`` epochs, are done in total.
+
+        Args:
+            data: One of: a batch sampler yielding lists of indices into ``dataset`` (e.g. a
+                ``MemoryBudgetSampler``, or a plain list of index lists); a map-style dataset
+                that is not a list (the trainer makes the sampler, see :meth:`make_sampler`);
+                or a ``DataLoader``, list or other iterable of collated batches (resume then
+                replays the epoch's first batches).
+            dataset: The map-style dataset ``data`` samples from, when ``data`` is a sampler.
+            epochs: Total epochs; a fraction stops within the last. (Default: ``config.num_train_epochs``)
+            max_steps: Total optimizer steps; wins over ``epochs``.
+            resume_from: A checkpoint file or folder, or ``"latest"`` (in ``out_dir/checkpoints``).
+            durations: Seconds per utterance of the dataset (predictions, pre-flight, audio s/s).
+            label_lengths: Labels per utterance (pre-flight's longest transcript).
+
+        Returns:
+            A :class:`~asrfit.train.components.TrainSummary`.
+
+        Raises:
+            ConfigError: A sampler sharded for another world size, an unusable checkpoint, a
+                ``units_fn`` that disagrees with ``loss_fn``, or unknown length without ``max_steps``.
+            BatchTooLargeError: The pre-flight, or a single utterance, ran out of memory.
+        """
+        sampler = self.sampler = self._resolve_data(data, dataset, durations, label_lengths)
+        batches = _length(sampler if sampler is not None else data)
+        per_epoch = None if batches is None else math.ceil(batches / self.accumulation_steps)
+        epochs = self.config.num_train_epochs if epochs is None else epochs
+        total = max_steps
+        if total is None and per_epoch is not None:
+            total = math.ceil(epochs * per_epoch)
+        if total is None and math.isinf(epochs):
+            raise ConfigError("train(): give max_steps or epochs for data of unknown length.")
+        if self.scheduler is None:
+            inner = getattr(self.optimizer, "optimizer", self.optimizer)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                inner, LinearWarmupDecay(self.config.warmup_steps, total)
+            )
+        if self.monitor is None:
+            from asrfit.train.monitor import MemoryMonitor
+
+            log_dir = self.out_dir
+            if log_dir is not None and self.accelerator.num_processes > 1:
+                log_dir = log_dir / f"rank{self.accelerator.process_index}"
+            budget = memory_budget_bytes(self.plan, self.config, self.accelerator.device)
+            self.monitor = MemoryMonitor(budget, device=self.accelerator.device, log_dir=log_dir)
+        resume = None
+        if resume_from is not None:
+            resume = ckpt.resume_trainer(self, resume_from, sampler)
+        elif self.global_step == 0 and self.preflight_enabled and sampler is not None:
+            self.preflight()
+        return self._loop(data, sampler, epochs, total, resume)
+
+    def train_epoch(self, dataset: Any, *, durations: Sequence[float] | None = None) -> float:
+        """Train one epoch over a map-style dataset of dict samples (the seed's API).
+
+        Samples are collated by ``collate_fn`` (:func:`~asrfit.train.batching.pad_collate`:
+        padded to the longest in the batch, ``labels`` with -100). Batches come from
+        :meth:`make_sampler`. The LR schedule spans ``config.num_train_epochs`` epochs over
+        repeated calls.
+
+        Args:
+            dataset: A map-style dataset (``len`` and ``[i]``) of dict samples.
+            durations: Seconds per sample. (Default: measured from the samples)
+
+        Returns:
+            The epoch's mean loss per unit.
+        """
+        sampler = self.make_sampler(dataset, durations=durations)
+        if self.scheduler is None:
+            per_epoch = math.ceil(len(sampler) / self.accumulation_steps)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                getattr(self.optimizer, "optimizer", self.optimizer),
+                LinearWarmupDecay(
+                    self.config.warmup_steps, math.ceil(self.config.num_train_epochs * per_epoch)
+                ),
+            )
+        return self.train(sampler, dataset=dataset, epochs=self.epoch + 1).mean_loss
+
+    def preflight(self) -> list[PreflightResult]:
+        """Run the pessimistic batches (forward + backward, no step); see :mod:`asrfit.train.preflight`.
+
+        Raises:
+            BatchTooLargeError: One ran out of memory (saved to ``out_dir``).
+        """
+        self.preflight_results = preflight_trainer(self)
+        return self.preflight_results
+
+    def _loop(
+        self,
+        data: Any,
+        sampler: Any,
+        epochs: float,
+        total: int | None,
+        resume: tuple[int, bool] | None,
+    ) -> TrainSummary:
+        acc = self.accelerator
+        start_step = self.global_step
+        report = ProgressReport(
+            total_steps=total,
+            initial_step=start_step,
+            show_bar=self.progress and acc.is_local_main_process,
+            log=acc.is_main_process,
+            log_every_steps=self.log_every_steps,
+            durations=self.info.durations,
+        )
+        n_epochs = None if math.isinf(epochs) else math.ceil(epochs)
+        done = total is not None and self.global_step >= total
+        while not done and (n_epochs is None or self.epoch < n_epochs):
+            skip, restored = resume if resume is not None else (0, False)
+            resume = None
+            if sampler is None:
+                micro_batches: Iterator[MicroBatch] = _skip_batches(data, skip)
+            else:
+                if not restored:
+                    if callable(getattr(sampler, "set_epoch", None)):
+                        sampler.set_epoch(self.epoch)
+                    if not ckpt.tracks_consumed(sampler):
+                        state_dict = getattr(sampler, "state_dict", None)
+                        self.epoch_start_state = state_dict() if callable(state_dict) else None
+                micro_batches = (
+                    MicroBatch(batch, indices, bucket)
+                    for indices, batch, bucket in load_batches(
+                        self.dataset,
+                        SkipFirst(sampler, skip),
+                        self.collate_fn,
+                        num_workers=self.config.dataloader_num_workers,
+                    )
+                )
+            for window in _windows(micro_batches, self.accumulation_steps):
+                record = self._step(window)
+                self.batches_in_epoch += len(window)
+                self.history.append(record)
+                report.update(record, self._last_memory.get("peak_reserved_bytes", 0))
+                if self.save_every_steps and self.global_step % self.save_every_steps == 0:
+                    self.save_checkpoint()
+                if total is not None and self.global_step >= total:
+                    done = True
+                    break
+            epoch_batches = _length(sampler if sampler is not None else data)
+            if not done or (epoch_batches is not None and self.batches_in_epoch >= epoch_batches):
+                self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+        saved_now = self.save_every_steps and self.global_step % self.save_every_steps == 0
+        if self.out_dir is not None and self.global_step > start_step and not saved_now:
+            self.save_checkpoint()
+        return report.finish(
+            steps=self.global_step,
+            epochs=self.epoch,
+            peak_memory_bytes=int(self.monitor.summary()["peak_reserved_bytes"]),
+            oom_recoveries=len(self.oom_events),
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path | None:
+        """Checkpoint the current step into ``out_dir/checkpoints`` (every process must call it).
+
+        Returns:
+            The file (on the main process; None on the others).
+
+        Raises:
+            ConfigError: The trainer has no ``out_dir``.
+        """
+        return ckpt.save_trainer_checkpoint(self)
+
+
+def _length(data: Any) -> int | None:
+    """``len(data)``, or None for data without a length."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _windows(micro_batches: Iterator[MicroBatch], k: int) -> Iterator[list[MicroBatch]]:
+    while True:
+        window = list(islice(micro_batches, k))
+        if not window:
+            return
+        yield window
+
+
+def _skip_batches(data: Iterable[Any], skip: int) -> Iterator[MicroBatch]:
+    for position, batch in enumerate(data):
+        if position >= skip:
+            yield MicroBatch(batch)
+
+
+__all__ = ["MemoryEfficientTrainer", "MissingDependencyError", "TrainSummary"]

@@ -1,0 +1,176 @@
+"""Two processes on CPU (gloo): sharded data, exact global accumulation, identical weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from torch import nn
+
+# Imported here, before the fork, so that the two processes do not import them again.
+from asrfit.data.sampler import MemoryBudgetSampler
+from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.setup import Setup
+from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.plan.seed_api import TrainingConfig
+from asrfit.train.trainer import MemoryEfficientTrainer
+
+WORLD = 2
+STEPS = 3
+ACCUMULATION = 2
+
+
+def make_plan() -> Plan:
+    return Plan(
+        model="tiny",
+        gpu="T4",
+        usable_bytes=int(13.6 * 2**30),
+        setup=Setup(precision="fp32", optimizer="adamw", world_size=WORLD),
+        buckets=[
+            Bucket(0.0, 4.0, 4, 64000, 60, int(12e9), 0.5, 100.0),
+            Bucket(4.0, 12.0, 2, 192000, 180, int(13e9), 0.5, 90.0),
+        ],
+        gradient_accumulation_steps=ACCUMULATION,
+        target_effective_batch="8 utterances",
+        effective_batch_utterances=8.0,
+        effective_batch_hours=0.01,
+        predicted_throughput_seconds_per_second=100.0,
+        predicted_epoch_seconds=60.0,
+        cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
+        data=DataDecisions(False, True, "chunk", 12.0, 0.0, 0),
+    )
+
+
+class FrameModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.proj(x)))
+
+
+def frame_loss(model, batch):
+    labels = batch["labels"]
+    logits = model(batch["x"])
+    loss = nn.functional.cross_entropy(
+        logits.reshape(-1, 3), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    return loss, int((labels != -100).sum())
+
+
+def frame_units(batch) -> int:
+    return int((batch["labels"] != -100).sum())
+
+
+def make_data(n: int = 24):
+    g = torch.Generator().manual_seed(11)
+    durations = [float(d) for d in (torch.rand(n, generator=g) * 11.0 + 0.5)]
+    data = [
+        {
+            "x": torch.randn(max(1, round(s)), 4, generator=g),
+            "labels": torch.randint(0, 3, (max(1, round(s)),), generator=g),
+        }
+        for s in durations
+    ]
+    return data, durations
+
+
+def make_trainer(model, accumulation, **kwargs):
+    config = TrainingConfig(
+        gradient_accumulation_steps=accumulation, warmup_steps=1, learning_rate=0.05
+    )
+    return MemoryEfficientTrainer(
+        model,
+        config,
+        loss_fn=frame_loss,
+        units_fn=frame_units,
+        progress=False,
+        preflight=False,
+        cpu=True,
+        **kwargs,
+    )
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_WORLD_SIZE=str(WORLD),
+        ACCELERATE_USE_CPU="yes",
+        GLOO_SOCKET_IFNAME="lo",
+    )
+    torch.set_num_threads(1)  # forked after the parent used OpenMP: stay single-threaded
+    # Forked from a pytest process whose earlier tests set up a single-process Accelerate
+    # state: drop it, so that this process reads RANK/WORLD_SIZE afresh.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    data, durations = make_data()
+    plan = make_plan()
+    torch.manual_seed(rank)  # different initial weights: DDP must broadcast rank 0's
+    trainer = make_trainer(FrameModel(), ACCUMULATION, plan=plan)
+    assert trainer.accelerator.num_processes == WORLD
+    sampler = MemoryBudgetSampler(durations, plan, seed=3, num_replicas=WORLD, rank=rank)
+    trainer.train(sampler, dataset=data, durations=durations, max_steps=STEPS)
+    record = {
+        "indices": [r.indices for r in trainer.history],
+        "losses": [r.loss for r in trainer.history],
+        "distributed_type": str(trainer.accelerator.distributed_type),
+    }
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
+    torch.save(trainer.unwrapped_model.state_dict(), Path(out_dir, f"rank{rank}.pt"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_cpu_processes_shard_data_and_agree(tmp_path):
+    import torch.multiprocessing as mp
+
+    # fork (as accelerate's debug_launcher does): the processes start in a second, not ~10 s.
+    context = mp.start_processes(
+        _worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False, start_method="fork"
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail("the two training processes did not finish in 120 s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert all("MULTI_CPU" in r["distributed_type"] for r in ranks)
+    # Disjoint data: no utterance trained by both ranks.
+    seen = [{i for step in r["indices"] for mb in step for i in mb} for r in ranks]
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    # Same loss (the global mean) and bit-identical weights on both ranks.
+    assert ranks[0]["losses"] == pytest.approx(ranks[1]["losses"], rel=1e-12)
+    weights = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
+
+    # Independent reference: one process, rank 0's initial weights, each optimizer step on
+    # the union of both ranks' micro-batches of that step.
+    data, _ = make_data()
+    torch.manual_seed(0)
+    reference = make_trainer(FrameModel(), ACCUMULATION * WORLD)
+    union = [mb for step in range(STEPS) for r in ranks for mb in r["indices"][step]]
+    reference.train(union, dataset=data, max_steps=STEPS)
+    assert [r.loss for r in reference.history] == pytest.approx(ranks[0]["losses"], rel=1e-5)
+    for name, value in reference.unwrapped_model.state_dict().items():
+        torch.testing.assert_close(weights[0][name], value, rtol=1e-5, atol=1e-6)
