@@ -35,8 +35,12 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 
+# Benchmarks write their sections of docs/benchmarks.md (the command sits beside each figure).
 bench: $(VENV)/.installed
 	$(BIN)/python bench/memory_accuracy.py --out docs/benchmarks.md
+	$(BIN)/python bench/sampler_efficiency.py --out docs/benchmarks.md
+	$(BIN)/python bench/plan_speed.py --out docs/benchmarks.md
+	$(BIN)/python bench/profile_speed.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) build dist src/*.egg-info
