@@ -79,19 +79,48 @@ def _cuda_sdpa(
     )
 
 
+def _not_tracing(tensor: Any = None) -> bool:
+    return False
+
+
+@contextlib.contextmanager
+def _mask_checks_use_values() -> Iterator[None]:
+    """Let transformers inspect mask values during the trace.
+
+    transformers skips building an SDPA attention mask when the padding mask is all ones,
+    but treats any fake tensor as "tracing" and then always builds it. Masks carry real
+    shadow values in the simulator, so the check can run as in a real step.
+    """
+    try:
+        import transformers.masking_utils as masking
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        yield
+        return
+    original = getattr(masking, "is_tracing", None)
+    if original is None:
+        yield
+        return
+    masking.is_tracing = _not_tracing
+    try:
+        yield
+    finally:
+        masking.is_tracing = original
+
+
 @contextlib.contextmanager
 def device_kernels(target: str) -> Iterator[None]:
     """Run attention as ``target`` ("cuda" or "cpu") would, for the duration of the block."""
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: use one of {', '.join(TARGETS)}.")
-    if target == "cpu":
-        yield
-        return
-    F.scaled_dot_product_attention = _cuda_sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = _ORIGINAL_SDPA
+    with _mask_checks_use_values():
+        if target == "cpu":
+            yield
+            return
+        F.scaled_dot_product_attention = _cuda_sdpa
+        try:
+            yield
+        finally:
+            F.scaled_dot_product_attention = _ORIGINAL_SDPA
 
 
 def sdpa_is_patched() -> Any:

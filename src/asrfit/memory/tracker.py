@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
@@ -255,7 +255,7 @@ class StorageTracker(TorchDispatchMode):
         if count is not None:
             self.flops += count(*args, **kwargs, out_val=out)
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, FakeTensor):  # real tensors here are shadow values, not device memory
                 self._track(t, op=func)
         self._propagate(func, args, kwargs, out)
         return out

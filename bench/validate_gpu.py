@@ -1,0 +1,323 @@
+"""Check the simulator against real training steps on a CUDA GPU.
+
+Run (on a machine with a CUDA GPU and a CUDA build of torch):
+``PYTHONPATH=src .venv/bin/python bench/validate_gpu.py --device cuda --out docs/benchmarks.md``
+
+1. The grid of ``bench/_grid.py`` (the same 30 cases as the CPU benchmark): each case is
+   simulated with ``target="cuda"`` and run for real on the GPU; the second step's
+   ``torch.cuda.max_memory_allocated`` is compared with ``StepMemory.peak_bytes`` (live
+   storages rounded to 512-byte blocks), and ``max_memory_reserved`` with
+   :func:`asrfit.memory.allocator.predict_cuda`'s reserved figure. The cuBLAS/cuBLASLt
+   workspaces are allocated once by a warm-up matmul before the first case and measured on
+   their own; each case's bytes are counted above what was allocated before its model was
+   built, so ``measured`` holds the step's own bytes, as ``peak_bytes`` does.
+2. The out-of-memory boundary of base-size models (wav2vec2-base at 16 s, whisper-base):
+   the batch size doubles until ``torch.cuda.OutOfMemoryError`` and is then bisected; the
+   largest batch that runs is compared with the largest batch whose predicted reserved
+   bytes fit in the memory free on the GPU at start.
+
+Without CUDA it prints why and exits with status 0 without touching ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# asrfit trains with expandable segments; set it before CUDA initialises (an explicit
+# setting in the environment wins).
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+import torch  # noqa: E402
+
+# The grid, transformers and the simulator are imported only once CUDA is known to be
+# there (see _load), so that a machine without it gets its answer at once.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+_grid = None
+
+SECTION = "memory-accuracy-gpu"
+COMMAND = (
+    "PYTHONPATH=src .venv/bin/python bench/validate_gpu.py --device cuda --out docs/benchmarks.md"
+)
+MIB = 2**20
+GIB = 2**30
+# (arch, precision, checkpointing, optimizer, seconds, label_length) whose OOM boundary is searched.
+OOM_CONFIGS = (
+    ("wav2vec2-base", "fp32", False, "adamw", 16.0, 200),
+    ("whisper-base", "bf16", False, "adamw", 30.0, 128),
+)
+MAX_BATCH = 4096
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why this script cannot run here, or None when a CUDA device is usable."""
+    if torch.version.cuda is None:
+        return (
+            f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build of the "
+            'same version (e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" make test)'
+        )
+    if not torch.cuda.is_available():
+        return (
+            "torch was built with CUDA but sees no GPU (check the driver and CUDA_VISIBLE_DEVICES)"
+        )
+    return None
+
+
+def _load() -> None:
+    """Import the grid (and with it transformers and the simulator)."""
+    global _grid
+    import _grid as grid_module
+
+    _grid = grid_module
+
+
+def _predict(case: Any) -> tuple[Any, Any]:
+    """``(StepMemory, CudaPrediction)`` of ``case`` simulated for this GPU."""
+    from asrfit.memory.adapters import hf_adapter
+    from asrfit.memory.allocator import predict_cuda
+    from asrfit.memory.simulate import simulate_step
+
+    sim = simulate_step(hf_adapter(case.config()), case.batch, case.setup, target="cuda")
+    prediction = predict_cuda(
+        sim.peak_bytes,
+        sim.peak_segment_bytes,
+        architecture=_architecture(),
+        expandable_segments=_expandable(),
+    )
+    return sim, prediction
+
+
+def _architecture() -> str | None:
+    major, _ = torch.cuda.get_device_capability()
+    return "hopper" if major == 9 else None
+
+
+def _expandable() -> bool:
+    return "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower()
+
+
+def measure_workspace_bytes(device: str) -> int:
+    """Bytes the cuBLAS/cuBLASLt workspaces take from the caching allocator (fp32 and bf16)."""
+    before = torch.cuda.memory_allocated(device)
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(64, 64, device=device, dtype=dtype, requires_grad=True)
+        w = torch.randn(64, 64, device=device, dtype=dtype, requires_grad=True)
+        torch.nn.functional.linear(
+            a, w, torch.zeros(64, device=device, dtype=dtype)
+        ).sum().backward()
+        del a, w
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device) - before
+
+
+def _release(device: str) -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize(device)
+
+
+def validate_case(case: _grid.Case, device: str) -> dict[str, float | str]:
+    """Simulate and run one case; the numbers of its table row."""
+    sim, prediction = _predict(case)
+    _release(device)
+    real = _grid.run_real_step(case, device)
+    return {
+        "case": case.name,
+        "predicted": sim.peak_bytes,
+        "measured": real.peak_bytes,
+        "error": 100.0 * (sim.peak_bytes - real.peak_bytes) / real.peak_bytes,
+        "predicted_reserved": prediction.reserved_bytes,
+        "measured_reserved": real.reserved_bytes,
+        "reserved_error": 100.0
+        * (prediction.reserved_bytes - real.reserved_bytes)
+        / real.reserved_bytes,
+    }
+
+
+def _fits_real(case: _grid.Case, device: str) -> bool:
+    try:
+        _grid.run_real_step(case, device)
+        fits = True
+    except torch.cuda.OutOfMemoryError:
+        fits = False
+    _release(device)
+    return fits
+
+
+def largest_batch(fits: Callable[[int], bool]) -> int:
+    """The largest batch size ``b`` with ``fits(b)``: double from 1, then bisect (0 if none)."""
+    if not fits(1):
+        return 0
+    low = 1
+    while low * 2 <= MAX_BATCH and fits(low * 2):
+        low *= 2
+    high = low * 2
+    if high > MAX_BATCH:
+        return low
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def oom_boundary(spec: tuple, device: str, budget_bytes: int) -> dict[str, int | str]:
+    """Real and predicted largest batch of one OOM config."""
+    arch, precision, checkpointing, optimizer, seconds, labels = spec
+
+    def case(b: int) -> _grid.Case:
+        return _grid.Case(arch, precision, checkpointing, optimizer, b, seconds, labels)
+
+    def fits_predicted(b: int) -> bool:
+        return _predict(case(b))[1].reserved_bytes <= budget_bytes
+
+    started = time.perf_counter()
+    real = largest_batch(lambda b: _fits_real(case(b), device))
+    real_seconds = time.perf_counter() - started
+    predicted = largest_batch(fits_predicted)
+    return {
+        "config": case(1).name.rsplit(" ", 1)[0] + f" {seconds:g}s",
+        "real": real,
+        "predicted": predicted,
+        "seconds": round(real_seconds),
+    }
+
+
+def render(rows: list[dict], workspace_bytes: int, booms: list[dict], budget_bytes: int) -> str:
+    """The markdown section."""
+    failed = [r for r in rows if "failure" in r]
+    rows = [r for r in rows if "failure" not in r]
+    errors = [abs(float(r["error"])) for r in rows]
+    reserved_errors = [abs(float(r["reserved_error"])) for r in rows]
+    lines = [
+        "## Memory accuracy of the simulator (CUDA)",
+        "",
+        f"Command: `{COMMAND}`  ",
+        f"Run: {_grid.environment_line()}, GPU {torch.cuda.get_device_name()} "
+        f"({torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB:.1f} GiB), CUDA {torch.version.cuda}, "
+        f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}.",
+        "",
+        '*Predicted*: `simulate_step(..., target="cuda").peak_bytes`; *measured*: '
+        "`torch.cuda.max_memory_allocated()` over the second real step, cuBLAS workspaces "
+        f"excluded (measured separately: {workspace_bytes / MIB:.1f} MiB). Reserved: "
+        "`predict_cuda(...).reserved_bytes` (segments, workspace, fragmentation allowance) vs "
+        "`max_memory_reserved()`.",
+        "",
+        "| case | predicted MiB | measured MiB | error | predicted reserved MiB | measured reserved MiB | error |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['predicted'] / MIB:.2f} | {r['measured'] / MIB:.2f} | {r['error']:+.2f} % "
+            f"| {r['predicted_reserved'] / MIB:.2f} | {r['measured_reserved'] / MIB:.2f} "
+            f"| {r['reserved_error']:+.2f} % |"
+        )
+    if errors:
+        lines += [
+            "",
+            f"Allocated |error| over {len(rows)} cases: **median {statistics.median(errors):.2f} %, "
+            f"max {max(errors):.2f} %**. Reserved |error|: median {statistics.median(reserved_errors):.2f} %, "
+            f"max {max(reserved_errors):.2f} %.",
+        ]
+    if failed:
+        lines += ["", f"{len(failed)} case(s) failed:"]
+        lines += [f"- {r['case']}: `{r['failure']}`" for r in failed]
+    if booms:
+        lines += [
+            "",
+            f"Out-of-memory boundary (budget: {budget_bytes / GIB:.2f} GiB free at start; predicted = "
+            "largest batch whose predicted reserved bytes fit in it):",
+            "",
+            "| config | largest batch that runs | predicted largest batch | search seconds |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {b['config']} | {b['real']} | {b['predicted']} | {b['seconds']} |" for b in booms
+        ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Validate on the GPU and write the section into ``--out``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--device", default="cuda", help="a CUDA device: cuda or cuda:N (Default: cuda)"
+    )
+    parser.add_argument("--out", type=Path, help="markdown file to write the section into")
+    parser.add_argument(
+        "--cases", nargs="*", default=[], help="only cases whose name contains one of these"
+    )
+    parser.add_argument(
+        "--skip-oom", action="store_true", help="skip the out-of-memory boundary search"
+    )
+    args = parser.parse_args()
+    if not args.device.startswith("cuda"):
+        raise SystemExit(
+            f"--device {args.device!r}: this script validates CUDA devices; use cuda or cuda:N."
+        )
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        print(
+            f"validate_gpu: CUDA is not available: {reason}. Nothing was measured.", file=sys.stderr
+        )
+        if args.out:
+            print(f"validate_gpu: {args.out} is unchanged.", file=sys.stderr)
+        raise SystemExit(0)
+    _load()
+    torch.cuda.set_device(args.device)
+    device = "cuda"
+    budget_bytes = torch.cuda.mem_get_info()[0]
+    workspace_bytes = measure_workspace_bytes(device)
+    cases = [c for c in _grid.grid() if not args.cases or any(s in c.name for s in args.cases)]
+    rows = []
+    for case in cases:
+        try:
+            row = validate_case(case, device)
+        except Exception as exc:  # one broken case is reported, the others still run
+            _release(device)
+            row = {
+                "case": case.name,
+                "failure": f"{type(exc).__name__}: {exc}".splitlines()[0][:120],
+            }
+            print(f"{case.name:42s} failed: {row['failure']}", flush=True)
+        else:
+            print(
+                f"{case.name:42s} predicted {row['predicted']:>11d}  measured {row['measured']:>11d}  "
+                f"error {row['error']:+.2f} %",
+                flush=True,
+            )
+        rows.append(row)
+    booms = []
+    if not args.skip_oom:
+        for spec in OOM_CONFIGS:
+            try:
+                boom = oom_boundary(spec, device, budget_bytes)
+            except Exception as exc:  # keep the grid's results when a search breaks
+                _release(device)
+                message = f"{type(exc).__name__}: {exc}".splitlines()[0][:100]
+                boom = {
+                    "config": " ".join(map(str, spec)),
+                    "real": message,
+                    "predicted": "-",
+                    "seconds": "-",
+                }
+            booms.append(boom)
+            print(
+                f"OOM boundary {boom['config']}: runs up to {boom['real']}, predicted {boom['predicted']}",
+                flush=True,
+            )
+    section = render(rows, workspace_bytes, booms, budget_bytes)
+    print("\n" + section)
+    if args.out:
+        _grid.write_section(args.out, SECTION, section)
+        print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
