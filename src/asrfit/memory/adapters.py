@@ -21,7 +21,15 @@ from asrfit.errors import ShapeError, UnsupportedModelError
 from asrfit.memory.tracker import StorageTracker
 from asrfit.utils.serialization import JsonDataclass
 
-SUPPORTED_FAMILIES = ("wav2vec2", "hubert", "wavlm", "whisper", "parakeet_ctc", "parakeet_tdt")
+SUPPORTED_FAMILIES = (
+    "wav2vec2",
+    "hubert",
+    "wavlm",
+    "whisper",
+    "parakeet_ctc",
+    "parakeet_tdt",
+    "asrfit_conformer",
+)
 _CLASS_FAMILY = {
     "Wav2Vec2ForCTC": "wav2vec2",
     "HubertForCTC": "hubert",
@@ -29,6 +37,7 @@ _CLASS_FAMILY = {
     "WhisperForConditionalGeneration": "whisper",
     "ParakeetForCTC": "parakeet_ctc",
     "ParakeetForTDT": "parakeet_tdt",
+    "ConformerForCTC": "asrfit_conformer",
 }
 
 
@@ -91,14 +100,16 @@ def _labels(
 
 
 def padded_attention_mask(batch: int, length: int) -> torch.Tensor:
-    """The attention mask of a padded batch: the last of ``batch`` > 1 utterances is 2% shorter.
+    """The attention mask of a padded batch: the last utterance is 2% shorter than ``length``.
 
     Batches from a length-bucketed sampler mix lengths, so their padding masks are not all
-    ones and models build their attention masks; a single utterance has no padding.
+    ones and models build their attention masks (a ``[B, 1, T, T]`` SDPA mask in
+    transformers). A batch of one has no padding in a real step; it is simulated padded too,
+    pessimistically, so that peak memory grows smoothly with the batch size (the cost model
+    fits one formula to all batch sizes).
     """
     mask = torch.ones(batch, length, dtype=torch.long)
-    if batch > 1:
-        mask[-1, length - max(1, length // 50) :] = 0
+    mask[-1, length - max(1, length // 50) :] = 0
     return mask
 
 
@@ -124,7 +135,11 @@ def _check_ctc(shape: BatchShape, frames: int, name: str) -> None:
 def hf_adapter(
     config: Any, *, freeze_feature_encoder: bool = True, name: str | None = None
 ) -> StepAdapter:
-    """Build the adapter for a Hugging Face ASR config (wav2vec2, HuBERT, WavLM, Whisper, Parakeet).
+    """Build the adapter for an ASR config (wav2vec2, HuBERT, WavLM, Whisper, Parakeet, Conformer).
+
+    asrfit's Conformer-CTC (``asrfit_conformer``) takes ``input_features`` (B, T, mel), a padded
+    attention mask and labels; with an attention decoder, the labels feed it too (the model
+    builds the teacher-forced decoder inputs itself).
 
     Raises:
         UnsupportedModelError: When the config's model class is not supported.
@@ -140,6 +155,7 @@ def hf_adapter(
         "whisper": "WhisperForConditionalGeneration",
         "parakeet_ctc": "ParakeetForCTC",
         "parakeet_tdt": "ParakeetForTDT",
+        "asrfit_conformer": "ConformerForCTC",
     }.get(model_type)
     cls_name = next((a for a in archs if a in _CLASS_FAMILY), guess)
     if cls_name is None or cls_name not in _CLASS_FAMILY:
@@ -148,7 +164,12 @@ def hf_adapter(
             f"supported classes: {', '.join(_CLASS_FAMILY)}."
         )
     family = _CLASS_FAMILY[cls_name]
-    cls = getattr(transformers, cls_name)
+    if family == "asrfit_conformer":
+        from asrfit.asr import conformer
+
+        cls = conformer.ConformerForCTC
+    else:
+        cls = getattr(transformers, cls_name)
     label = name or getattr(config, "name_or_path", None) or cls_name
 
     if getattr(cls, "_supports_sdpa", False) and getattr(config, "_attn_implementation", None) in (
@@ -199,6 +220,9 @@ def hf_adapter(
 
         return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=None)
 
+    if family == "asrfit_conformer":
+        return _conformer_adapter(config, label, build)
+
     enc = config.encoder_config
     factor = int(getattr(enc, "subsampling_factor", 8))
 
@@ -222,3 +246,25 @@ def hf_adapter(
         return kw
 
     return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=parakeet_frames)
+
+
+def _conformer_adapter(config: Any, label: str, build: Callable[[], nn.Module]) -> StepAdapter:
+    frames = config.output_frames
+    decoder_positions = config.max_target_positions if config.decoder_layers else None
+
+    def make_inputs(shape: BatchShape, tr: StorageTracker) -> dict[str, Any]:
+        _check_ctc(shape, frames(shape.input_length), label)
+        if decoder_positions is not None and shape.label_length + 1 > decoder_positions:
+            raise ShapeError(
+                f"{label}: label_length {shape.label_length} + bos exceeds the decoder's "
+                f"max_target_positions {decoder_positions}; truncate or split transcripts."
+            )
+        return {
+            "input_features": torch.randn(
+                shape.batch_size, shape.input_length, config.num_mel_bins
+            ),
+            "attention_mask": _mask(tr, shape.batch_size, shape.input_length),
+            "labels": _labels(tr, shape, config.vocab_size),
+        }
+
+    return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=frames)
