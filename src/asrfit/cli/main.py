@@ -34,9 +34,9 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from asrfit.cli import demo, gpus, memory, plan, profile
+    from asrfit.cli import demo, gpus, memory, plan, profile, train
 
-    for module in (profile, demo, gpus, memory, plan):
+    for module in (profile, demo, gpus, memory, plan, train):
         cli.add_command(module.command)
 
 

@@ -18,6 +18,7 @@ stated assumptions (below), not measurements.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -112,14 +113,32 @@ def _bucket_edges(durations: np.ndarray, count: int, max_seconds: float) -> list
     return [*edges, max_seconds]
 
 
+@functools.lru_cache(maxsize=1)
+def measured_cpu_tflops(seconds: float = 0.3) -> float:
+    """This machine's dense fp32 matmul rate (TFLOP/s) with torch's threads, measured once.
+
+    The CPU stand-in for a GPU's datasheet peak when planning a CPU run.
+    """
+    import torch
+
+    n = 512
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    runs, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        torch.mm(a, b)
+        runs += 1
+    return 2 * n**3 * runs / elapsed / 1e12
+
+
 def _step_seconds(costs: SetupCosts, hardware: Any, b: int, t: int, u: int) -> float:
     peak = (
         hardware.peak_tflops("fp32" if costs.setup.precision is Precision.FP32 else "bf16") or 0.0
     )
     if costs.setup.precision is Precision.FP16:
         peak = hardware.peak_tflops("fp16") or peak
-    if peak <= 0:  # CPU-only: no catalog peak; a nominal 1 TFLOP/s keeps the ranking meaningful
-        peak = 1.0
+    if peak <= 0:  # CPU-only: no catalog peak; use this machine's measured fp32 matmul rate
+        peak = measured_cpu_tflops()
     return costs.flops.predict(b, t, u) / (peak * 1e12 * MFU[costs.setup.precision])
 
 
@@ -362,7 +381,7 @@ def plan(
     rests_on = [
         f"memory: {estimator.simulations} new + cached fake-tensor simulations of {adapter.name}; "
         f"fit residual {best.costs.memory.max_relative_residual:.1%}; reserved = allocator model (asrfit.memory.allocator)",
-        f"throughput: traced FLOPs / ({hardware.spec.name if hardware.spec else 'nominal'} peak x MFU "
+        f"throughput: traced FLOPs / ({hardware.spec.name + ' datasheet' if hardware.spec else f'measured CPU matmul {measured_cpu_tflops():.2f} TFLOP/s'} peak x MFU "
         f"{MFU[setup.precision]:.2f}, an assumption, not a measurement)",
         f"labels: {labels_per_second:.1f} per second (95th percentile of the dataset's transcripts)",
         f"planned in {time.perf_counter() - started:.1f} s",

@@ -15,6 +15,8 @@ Family facts used below (all models take 16 kHz audio):
   frames), so every utterance costs 1500 encoder frames.
 - Parakeet (FastConformer) reads 100 log-mel frames/s and subsamples by ``subsampling_factor``
   (8), so the encoder runs at 12.5 frames/s.
+- asrfit's Conformer-CTC (``asrfit_conformer``) reads 100 log-mel frames/s and subsamples by
+  ``subsampling_factor`` (4 or 8): 25 or 12.5 encoder frames/s.
 """
 
 from __future__ import annotations
@@ -113,6 +115,18 @@ def describe(
             sampling_rate=SAMPLING_RATE_HZ,
             input_frames_per_second=MEL_FRAMES_PER_SECOND,
             max_input_seconds=config.max_source_positions / encoder_fps,
+            num_mel_bins=config.num_mel_bins,
+        )
+    elif family == "asrfit_conformer":
+        out.update(
+            hidden_size=config.d_model,
+            num_layers=config.encoder_layers,
+            decoder_layers=config.decoder_layers or None,
+            num_heads=config.encoder_attention_heads,
+            encoder_frames_per_second=MEL_FRAMES_PER_SECOND / config.subsampling_factor,
+            input_kind="log_mel",
+            sampling_rate=SAMPLING_RATE_HZ,
+            input_frames_per_second=MEL_FRAMES_PER_SECOND,
             num_mel_bins=config.num_mel_bins,
         )
     elif family in ("parakeet_ctc", "parakeet_tdt"):
@@ -220,7 +234,7 @@ class ModelProfile(JsonDataclass):
     Attributes:
         name: Short name (bundled name, folder name or class name).
         family: ``"wav2vec2"``, ``"hubert"``, ``"wavlm"``, ``"whisper"``, ``"parakeet_ctc"``,
-            ``"parakeet_tdt"`` or ``"custom"``.
+            ``"parakeet_tdt"``, ``"asrfit_conformer"`` or ``"custom"``.
         model_class: The class that is built and trained (``"Wav2Vec2ForCTC"``).
         total_params: Parameters, each shared or tied one counted once.
         trainable_params: Parameters with ``requires_grad`` (after freezing).
@@ -229,7 +243,8 @@ class ModelProfile(JsonDataclass):
         feature_encoder_frozen: Whether the conv feature encoder (wav2vec2 family) is frozen.
         hidden_size: Encoder model dimension.
         num_layers: Encoder layers.
-        decoder_layers: Whisper decoder layers or Parakeet-TDT prediction-network LSTM layers.
+        decoder_layers: Whisper decoder layers, Parakeet-TDT prediction-network LSTM layers or
+            the Conformer-CTC attention decoder's layers (None when there is none).
         num_heads: Encoder attention heads.
         encoder_frames_per_second: Encoder output frames per second of audio.
         input_kind: ``"waveform"`` or ``"log_mel"``.

@@ -4,7 +4,8 @@ Each ``configs/<name>.json`` is the model's ``config.json`` as published on the 
 Hub, reduced to the keys its transformers config class defines, plus one extra key,
 ``asrfit_meta``: the Hub id, extra aliases, the model class asrfit trains, the family, the
 published parameter count with its source, and whether the CTC vocabulary size is a
-placeholder (pretrained-only checkpoints ship no CTC head).
+placeholder (pretrained-only checkpoints ship no CTC head). asrfit's own models (the built-in
+Conformer-CTC, ``conformer-ctc-*``) have no Hub id and no published count: both are null.
 
 A bundled model resolves by its short name (``"xls-r-1b"``), its Hub id
 (``"facebook/wav2vec2-xls-r-1b"``) or any alias, case-insensitively. :func:`load_config` also
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -54,11 +56,13 @@ class BundledModel:
 
     Attributes:
         name: Short name, also the file stem (``"xls-r-1b"``).
-        hub_id: The Hugging Face Hub id (``"facebook/wav2vec2-xls-r-1b"``).
+        hub_id: The Hugging Face Hub id (``"facebook/wav2vec2-xls-r-1b"``); None for asrfit's
+            own models.
         aliases: Other names that resolve to this model.
         model_class: The transformers class asrfit builds (``"Wav2Vec2ForCTC"``).
         family: One of the families of :mod:`asrfit.profiles.model`.
-        published_params: Parameter count given by the model card or paper.
+        published_params: Parameter count given by the model card or paper; None for asrfit's
+            own models (their count is whatever the built model has).
         published_params_source: Where ``published_params`` comes from.
         published_params_tolerance: Relative gap between the built model's count and
             ``published_params`` that is explained (rounded figures, a head the published
@@ -70,11 +74,11 @@ class BundledModel:
     """
 
     name: str
-    hub_id: str
+    hub_id: str | None
     aliases: tuple[str, ...]
     model_class: str
     family: str
-    published_params: int
+    published_params: int | None
     published_params_source: str
     published_params_tolerance: float
     vocab_size_is_placeholder: bool
@@ -92,7 +96,8 @@ class BundledModel:
 
     def names(self) -> tuple[str, ...]:
         """Return every name that resolves to this model: short name, Hub id, aliases."""
-        return (self.name, self.hub_id, *self.aliases)
+        hub = (self.hub_id,) if self.hub_id is not None else ()
+        return (self.name, *hub, *self.aliases)
 
 
 def _parse_entry(stem: str, text: str, where: str) -> BundledModel:
@@ -123,8 +128,18 @@ def _parse_entry(stem: str, text: str, where: str) -> BundledModel:
             f"{where}: {_META_KEY}.family {meta['family']!r} is not one of {FAMILIES}."
         )
     published = meta["published_params"]
-    if isinstance(published, bool) or not isinstance(published, int) or published <= 0:
+    own_model = meta["family"] in _OWN_FAMILIES
+    if own_model and (published is not None or meta["hub_id"] is not None):
+        raise ConfigError(
+            f"{where}: {meta['family']} is asrfit's own model; set {_META_KEY}.hub_id and "
+            f"{_META_KEY}.published_params to null (it has no Hub checkpoint or published count)."
+        )
+    if not own_model and (
+        isinstance(published, bool) or not isinstance(published, int) or published <= 0
+    ):
         raise ConfigError(f"{where}: {_META_KEY}.published_params must be a positive integer.")
+    if not own_model and not isinstance(meta["hub_id"], str):
+        raise ConfigError(f"{where}: {_META_KEY}.hub_id must be the model's Hub id (a string).")
     return BundledModel(
         name=meta["name"],
         hub_id=meta["hub_id"],
@@ -212,7 +227,17 @@ def get_bundled(name: str) -> BundledModel:
 
 # ---------------------------------------------------------------------- families and classes
 
-FAMILIES = ("wav2vec2", "hubert", "wavlm", "whisper", "parakeet_ctc", "parakeet_tdt", "custom")
+FAMILIES = (
+    "wav2vec2",
+    "hubert",
+    "wavlm",
+    "whisper",
+    "parakeet_ctc",
+    "parakeet_tdt",
+    "asrfit_conformer",
+    "custom",
+)
+_OWN_FAMILIES = ("asrfit_conformer",)  # asrfit's models: no Hub checkpoint, no published count
 
 # model_type -> (family, the class asrfit builds: the ASR head of the family)
 _FAMILY_BY_MODEL_TYPE: dict[str, tuple[str, str]] = {
@@ -222,7 +247,24 @@ _FAMILY_BY_MODEL_TYPE: dict[str, tuple[str, str]] = {
     "whisper": ("whisper", "WhisperForConditionalGeneration"),
     "parakeet_ctc": ("parakeet_ctc", "ParakeetForCTC"),
     "parakeet_tdt": ("parakeet_tdt", "ParakeetForTDT"),
+    "asrfit_conformer": ("asrfit_conformer", "ConformerForCTC"),
 }
+
+# asrfit's own model types -> the module that defines and registers them with transformers'
+# Auto classes. Imported only when such a config is met: it loads transformers' modeling code.
+_BUILTIN_MODULES: dict[str, str] = {"asrfit_conformer": "asrfit.asr.conformer"}
+_BUILTIN_CLASSES: dict[str, str] = {"ConformerForCTC": "asrfit.asr.conformer"}
+
+
+def ensure_registered(model_type: str | None) -> None:
+    """Import the asrfit module that registers ``model_type`` with transformers, if it is ours.
+
+    Args:
+        model_type: A config's ``model_type``; anything not asrfit's own is ignored.
+    """
+    module = _BUILTIN_MODULES.get(model_type or "")
+    if module is not None:
+        importlib.import_module(module)
 
 
 def family_of_config(config: PretrainedConfig | dict[str, Any]) -> str:
@@ -264,7 +306,9 @@ def model_class_for(config: PretrainedConfig) -> type[nn.Module]:
     known = _FAMILY_BY_MODEL_TYPE.get(config.model_type)
     candidates = [known[1]] if known else list(config.architectures or [])
     for class_name in candidates:
-        cls = getattr(transformers, class_name, None)
+        module = _BUILTIN_CLASSES.get(class_name)
+        source = importlib.import_module(module) if module is not None else transformers
+        cls = getattr(source, class_name, None)
         if cls is not None:
             return cls
     raise UnsupportedModelError(
@@ -314,6 +358,7 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> PretrainedC
         raise ConfigError(
             f"{where}: no 'model_type'; a transformers config.json names its model type."
         )
+    ensure_registered(model_type)
     if model_type not in CONFIG_MAPPING:
         raise ConfigError(
             f"{where}: model_type {model_type!r} is not known to the installed transformers; "
@@ -351,6 +396,13 @@ def _resolve_path(path: Path, spec: str) -> Resolved:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise _unknown(spec, f"the folder {path} has no config.json.")
+        try:
+            peek = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(
+                f"{path / 'config.json'}: not a readable JSON config ({exc})."
+            ) from exc
+        ensure_registered(peek.get("model_type") if isinstance(peek, dict) else None)
         try:
             config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -451,6 +503,7 @@ __all__ = [
     "Resolved",
     "config_from_dict",
     "config_to_dict",
+    "ensure_registered",
     "family_of_config",
     "find_bundled",
     "get_bundled",

@@ -1,0 +1,1 @@
+"""Speech recognition end to end: audio, text, features, the built-in model, training runs."""

@@ -1,0 +1,324 @@
+"""Utterances from any source, prepared into model samples with logged, counted skips.
+
+Sources: a NeMo-style JSONL manifest, a folder of audio files with transcripts, a Hugging
+Face ``datasets.Dataset`` with an audio column (paths or embedded bytes, any sampling rate)
+and a lhotse ``CutSet``. :class:`SpeechDataset` checks every utterance before training, so
+bad data never stops an epoch:
+
+* an empty transcript, characters outside the vocabulary, a transcript longer than the
+  model's CTC frames allow, or (with ``long_utterances="filter"``) audio above the plan's
+  longest bucket are skipped and counted in :attr:`SpeechDataset.skipped`;
+* audio above the longest bucket with ``long_utterances="chunk"`` is split at quiet points;
+* a file that fails to decode during training is logged, counted and replaced by the
+  longest good utterance no longer than it (the batch keeps its memory bound).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from asrfit.asr.audio import (
+    SpecAugment,
+    chunk_bounds,
+    load_audio,
+    resample,
+    split_transcript,
+    to_mono,
+)
+from asrfit.asr.features import Frontend
+from asrfit.asr.text import BLANK_ID, CharVocabulary
+from asrfit.errors import AudioError, ConfigError, ManifestError
+
+logger = logging.getLogger(__name__)
+
+SKIP_REASONS = {
+    "empty_transcript": "empty transcript",
+    "unknown_characters": "characters outside the vocabulary",
+    "too_long_for_ctc": "transcript longer than the CTC frames allow",
+    "too_long": "audio longer than the longest bucket (filtered)",
+    "unreadable_audio": "audio that cannot be read",
+}
+
+
+@dataclass
+class Utterance:
+    """One utterance: where its audio is, its transcript and duration.
+
+    Attributes:
+        source: A file path, encoded audio bytes, or a lhotse cut.
+        text: The transcript (raw; normalised when encoded).
+        duration_seconds: Length of the audio (of the span, when ``offset_seconds`` is set).
+        offset_seconds: Start of the span within the file.
+        where: Where it came from, for messages ("train.jsonl line 12").
+    """
+
+    source: Any
+    text: str
+    duration_seconds: float
+    offset_seconds: float = 0.0
+    where: str = ""
+
+    def load(self, sample_rate: int) -> np.ndarray:
+        """Decode to mono float32 at ``sample_rate``.
+
+        Raises:
+            AudioError: When the audio cannot be decoded.
+        """
+        if isinstance(self.source, (str, Path)):
+            span = self.duration_seconds if self.offset_seconds else None
+            return load_audio(self.source, sample_rate, offset_seconds=self.offset_seconds,
+                              duration_seconds=span)
+        if isinstance(self.source, (bytes, bytearray)):
+            try:
+                data, rate = sf.read(io.BytesIO(self.source), dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError) as err:
+                raise AudioError(f"{self.where}: cannot decode the embedded audio ({err}).") from err
+            return resample(to_mono(data), rate, sample_rate)
+        try:  # a lhotse cut
+            data = np.asarray(self.source.load_audio(), dtype=np.float32)
+        except Exception as err:  # lhotse raises many types
+            raise AudioError(f"{self.where}: lhotse cannot load the cut's audio ({err}).") from err
+        mono = data.mean(axis=0) if data.ndim == 2 else data
+        return resample(mono, int(self.source.sampling_rate), sample_rate)
+
+
+def utterances_from(source: Any, *, audio_column: str = "audio", text_column: str = "text") -> list[Utterance]:
+    """Collect the utterances of a manifest path, an audio folder, a ``datasets.Dataset`` or
+    a lhotse ``CutSet``.
+
+    Raises:
+        ManifestError: For a missing file or column, or a malformed manifest line (named).
+    """
+    from asrfit.data.manifest import iter_manifest, read_audio_header, scan_audio_folder
+
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.is_dir():
+            out = []
+            for audio, text in scan_audio_folder(path):
+                header = read_audio_header(audio)
+                out.append(Utterance(audio, text or "", header.duration_seconds, where=str(audio)))
+            return out
+        out = []
+        for entry in iter_manifest(path):
+            duration = entry.duration_seconds
+            if duration is None:
+                try:
+                    duration = read_audio_header(entry.audio_filepath).duration_seconds
+                except AudioError:
+                    duration = math.nan  # unreadable: skipped, counted, by the dataset
+            out.append(Utterance(entry.audio_filepath, entry.text, duration,
+                                 where=f"{path} line {entry.line_number} ({entry.audio_filepath.name})"))
+        return out
+    if type(source).__name__ in ("CutSet", "LazyCutSet") or hasattr(source, "subset"):
+        return [
+            Utterance(cut, " ".join(s.text for s in cut.supervisions if s.text), float(cut.duration),
+                      where=f"cut {cut.id}")
+            for cut in source
+        ]
+    if hasattr(source, "column_names"):
+        return _hf_utterances(source, audio_column, text_column)
+    raise ConfigError(
+        f"data source of type {type(source).__name__}: pass a JSONL manifest, an audio folder, "
+        "a datasets.Dataset or a lhotse CutSet."
+    )
+
+
+def _hf_utterances(ds: Any, audio_column: str, text_column: str) -> list[Utterance]:
+    import datasets
+
+    for column in (audio_column, text_column):
+        if column not in ds.column_names:
+            raise ManifestError(f"dataset columns {ds.column_names} have no {column!r}; pass its name.")
+    if isinstance(ds.features.get(audio_column), datasets.Audio):
+        ds = ds.cast_column(audio_column, datasets.Audio(decode=False))
+    out = []
+    for i, row in enumerate(ds):
+        audio = row[audio_column]
+        where = f"dataset row {i}"
+        source = (audio.get("bytes") or audio.get("path")) if isinstance(audio, dict) else audio
+        if source is None:
+            raise ManifestError(f"{where}: the {audio_column!r} value has neither bytes nor a path.")
+        try:
+            info = sf.info(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+            duration = float(info.duration)
+        except (sf.LibsndfileError, RuntimeError, OSError):
+            duration = math.nan
+        out.append(Utterance(source, str(row[text_column] or ""), duration, where=where))
+    return out
+
+
+class SpeechDataset(torch.utils.data.Dataset):
+    """Model samples (inputs + CTC labels) from utterances, checked before training.
+
+    Args:
+        utterances: From :func:`utterances_from`.
+        vocab: The character vocabulary.
+        frontend: Audio to model inputs.
+        output_frames: Model output frames for a number of input frames (the CTC check);
+            ``None`` skips the check (sequence-to-sequence models).
+        max_seconds: The longest audio trained on. (Default: no limit)
+        long_utterances: ``"chunk"`` or ``"filter"`` audio above ``max_seconds``.
+        spec_augment: Masks applied to ``input_features`` (training only).
+        cache: Keep computed inputs in memory (SpecAugment is applied after the cache).
+        seed: Seeds SpecAugment.
+        keep_unknown: Keep utterances with characters outside the vocabulary (for scoring).
+    """
+
+    def __init__(
+        self,
+        utterances: Sequence[Utterance],
+        vocab: CharVocabulary,
+        frontend: Frontend,
+        *,
+        output_frames: Callable[[int], int] | None = None,
+        max_seconds: float | None = None,
+        long_utterances: str = "filter",
+        spec_augment: SpecAugment | None = None,
+        cache: bool = False,
+        seed: int = 0,
+        keep_unknown: bool = False,
+    ) -> None:
+        if long_utterances not in ("chunk", "filter"):
+            raise ConfigError(f"long_utterances={long_utterances!r}: use 'chunk' or 'filter'.")
+        self.vocab, self.frontend, self.spec_augment = vocab, frontend, spec_augment
+        self.skipped: Counter[str] = Counter()
+        self.replaced: Counter[str] = Counter()
+        self._cache: dict[int, dict[str, torch.Tensor]] | None = {} if cache else None
+        self._generator = torch.Generator().manual_seed(seed)
+        self.utterances: list[Utterance] = []
+        self.labels: list[list[int]] = []
+        self.texts: list[str] = []
+        for utt in utterances:
+            for piece in self._pieces(utt, max_seconds, long_utterances):
+                self._admit(piece, output_frames, keep_unknown)
+        for reason, count in self.skipped.items():
+            logger.warning("skipped %d utterances: %s (see the log above for each)", count, SKIP_REASONS[reason])
+        if not self.utterances:
+            raise ConfigError(f"no usable utterances remain (skipped: {dict(self.skipped)}); check the data.")
+        order = np.argsort([u.duration_seconds for u in self.utterances], kind="stable")
+        self._by_duration = order
+        self._bad: set[int] = set()
+
+    def _skip(self, reason: str, utt: Utterance, detail: str = "") -> None:
+        self.skipped[reason] += 1
+        logger.info("skip %s: %s%s", utt.where, SKIP_REASONS[reason], f" ({detail})" if detail else "")
+
+    def _pieces(self, utt: Utterance, max_seconds: float | None, mode: str) -> list[Utterance]:
+        if not math.isfinite(utt.duration_seconds) or utt.duration_seconds <= 0:
+            self._skip("unreadable_audio", utt, "no readable header")
+            return []
+        if max_seconds is None or utt.duration_seconds <= max_seconds:
+            return [utt]
+        if mode == "filter":
+            self._skip("too_long", utt, f"{utt.duration_seconds:.1f} s > {max_seconds:.1f} s")
+            return []
+        try:
+            audio = utt.load(self.frontend.sample_rate)
+        except AudioError as err:
+            self._skip("unreadable_audio", utt, str(err))
+            return []
+        rate = self.frontend.sample_rate
+        spans = chunk_bounds(audio, rate, max_seconds)
+        texts = split_transcript(utt.text, spans)
+        return [
+            Utterance(utt.source, text, (e - s) / rate, utt.offset_seconds + s / rate,
+                      where=f"{utt.where} chunk {k + 1}/{len(spans)}")
+            for k, ((s, e), text) in enumerate(zip(spans, texts, strict=True))
+        ]
+
+    def _admit(self, utt: Utterance, output_frames: Callable[[int], int] | None, keep_unknown: bool) -> None:
+        ids, unknown = self.vocab.encode(utt.text)
+        if not ids:
+            self._skip("empty_transcript", utt)
+            return
+        if unknown and not keep_unknown:
+            self._skip("unknown_characters", utt, f"{unknown} in {utt.text!r}")
+            return
+        if output_frames is not None:
+            repeats = sum(a == b for a, b in zip(ids, ids[1:], strict=False))
+            frames = output_frames(math.ceil(utt.duration_seconds * self.frontend.frames_per_second))
+            if len(ids) + repeats > frames:
+                self._skip("too_long_for_ctc", utt, f"{len(ids) + repeats} labels > {frames} frames")
+                return
+        self.utterances.append(utt)
+        self.labels.append(ids)
+        self.texts.append(self.vocab.normalizer(utt.text))
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    @property
+    def durations(self) -> list[float]:
+        """Seconds per sample (for the sampler and the planner)."""
+        return [u.duration_seconds for u in self.utterances]
+
+    @property
+    def label_lengths(self) -> list[int]:
+        """Labels per sample."""
+        return [len(ids) for ids in self.labels]
+
+    def skip_summary(self) -> dict[str, int]:
+        """Skipped and replaced utterances by reason."""
+        return {**dict(self.skipped), **{f"replaced_{k}": v for k, v in self.replaced.items()}}
+
+    def _inputs(self, index: int) -> dict[str, torch.Tensor]:
+        if self._cache is not None and index in self._cache:
+            return self._cache[index]
+        inputs = self.frontend(self.utterances[index].load(self.frontend.sample_rate))
+        if self._cache is not None:
+            self._cache[index] = inputs
+        return inputs
+
+    def _substitute(self, index: int) -> int:
+        """The longest good utterance no longer than ``index`` (else the shortest good one)."""
+        position = int(np.nonzero(self._by_duration == index)[0][0])
+        for j in [*self._by_duration[:position][::-1], *self._by_duration[position + 1 :]]:
+            if int(j) not in self._bad:
+                return int(j)
+        raise ConfigError("every utterance failed to decode; check the audio files.")
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        while True:
+            try:
+                inputs = self._inputs(index)
+                break
+            except AudioError as err:
+                self._bad.add(index)
+                self.replaced["unreadable_audio"] += 1
+                substitute = self._substitute(index)
+                logger.warning("%s; replaced in this batch by %s", err, self.utterances[substitute].where)
+                index = substitute
+        sample = dict(inputs)
+        if self.spec_augment is not None and sample.get("input_features") is not None:
+            feats = sample["input_features"]
+            if feats.dim() == 2:
+                sample["input_features"] = self.spec_augment(feats, self._generator)
+        sample["labels"] = torch.tensor(self.labels[index], dtype=torch.long)
+        return sample
+
+
+def ctc_greedy(logits: torch.Tensor, lengths: torch.Tensor | None = None) -> list[list[int]]:
+    """Greedy CTC paths: argmax per frame, repeats collapsed, blanks dropped."""
+    best = logits.argmax(-1).tolist()
+    out = []
+    for row, path in enumerate(best):
+        n = len(path) if lengths is None else int(lengths[row])
+        ids, previous = [], None
+        for i in path[:n]:
+            if i != previous and i != BLANK_ID:
+                ids.append(i)
+            previous = i
+        out.append(ids)
+    return out

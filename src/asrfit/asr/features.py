@@ -1,0 +1,182 @@
+"""Model inputs from audio: log-mel for the built-in model, the Hugging Face feature extractor
+of the model's family otherwise (Wav2Vec2 / HuBERT / WavLM waveforms, Whisper and Parakeet
+log-mels).
+
+A :class:`Frontend` turns one utterance's 16 kHz mono audio into the tensors of one sample
+(the keys the model's ``forward`` takes); :func:`~asrfit.train.batching.pad_collate` pads them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asrfit.errors import ConfigError
+from asrfit.utils.io import Pathlike, atomic_write_text
+
+SAMPLE_RATE_HZ = 16_000
+
+
+@lru_cache(maxsize=8)
+def mel_filterbank(n_mels: int, n_fft: int, sample_rate: int) -> torch.Tensor:
+    """Triangular HTK-mel filters, ``[n_fft // 2 + 1, n_mels]``, each normalised to unit area
+    (Slaney-style), from 0 Hz to Nyquist."""
+
+    def hz_to_mel(hz: np.ndarray) -> np.ndarray:
+        return 2595.0 * np.log10(1.0 + hz / 700.0)
+
+    def mel_to_hz(mel: np.ndarray) -> np.ndarray:
+        return 700.0 * (10.0 ** (mel / 2595.0) - 1.0)
+
+    fft_hz = np.linspace(0, sample_rate / 2, n_fft // 2 + 1)
+    edges = mel_to_hz(np.linspace(0, hz_to_mel(np.array(sample_rate / 2)), n_mels + 2))
+    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising = (fft_hz[None, :] - lower) / (centre - lower)
+    falling = (upper - fft_hz[None, :]) / (upper - centre)
+    weights = np.maximum(0.0, np.minimum(rising, falling)) * (2.0 / (upper - lower))
+    return torch.from_numpy(weights.T.astype(np.float32))
+
+
+class LogMel:
+    """Log-mel features (25 ms Hann windows every 10 ms), normalised per utterance.
+
+    Args:
+        n_mels: Mel bins. (Default: 80)
+        n_fft: FFT size; also the window length. (Default: 400, 25 ms)
+        hop_length: Samples between frames. (Default: 160, 10 ms)
+        sample_rate: Audio rate. (Default: 16 kHz)
+        normalize: Scale each mel bin to zero mean, unit variance over the utterance.
+    """
+
+    def __init__(self, n_mels: int = 80, n_fft: int = 400, hop_length: int = 160,
+                 sample_rate: int = SAMPLE_RATE_HZ, normalize: bool = True) -> None:
+        self.n_mels, self.n_fft, self.hop_length, self.sample_rate = n_mels, n_fft, hop_length, sample_rate
+        self.normalize = normalize
+        self._window = torch.hann_window(n_fft)
+
+    def num_frames(self, num_samples: int) -> int:
+        """Frames for ``num_samples`` of audio (centred frames: ``1 + n // hop``)."""
+        return 1 + num_samples // self.hop_length
+
+    def __call__(self, audio: np.ndarray) -> torch.Tensor:
+        """``[frames, n_mels]`` features of 1-D audio."""
+        wave = torch.as_tensor(np.asarray(audio, dtype=np.float32))
+        if wave.numel() < self.n_fft // 2 + 1:
+            wave = torch.nn.functional.pad(wave, (0, self.n_fft // 2 + 1 - wave.numel()))
+        spec = torch.stft(wave, self.n_fft, self.hop_length, window=self._window,
+                          center=True, return_complex=True)
+        power = spec.real.square() + spec.imag.square()  # [bins, frames]
+        mel = mel_filterbank(self.n_mels, self.n_fft, self.sample_rate).T @ power
+        feats = torch.log(mel + 1e-6).T  # [frames, n_mels]
+        if not self.normalize:
+            return feats
+        return (feats - feats.mean(0)) / (feats.std(0) + 1e-5)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"feature_extractor_type": "asrfit.LogMel", "feature_size": self.n_mels,
+                "n_fft": self.n_fft, "hop_length": self.hop_length, "sampling_rate": self.sample_rate,
+                "normalize": self.normalize}
+
+
+class Frontend:
+    """Audio to one model sample.
+
+    Attributes:
+        family: The model family (see :mod:`asrfit.profiles.model`).
+        sample_rate: The rate audio must have.
+        input_key: The model's main input (``input_features`` or ``input_values``).
+    """
+
+    def __init__(self, family: str, extractor: Any, *, use_attention_mask: bool = True) -> None:
+        self.family, self.extractor = family, extractor
+        self.sample_rate = int(getattr(extractor, "sampling_rate", None) or getattr(extractor, "sample_rate", SAMPLE_RATE_HZ))
+        self.use_attention_mask = use_attention_mask
+        self.input_key = "input_values" if family in ("wav2vec2", "hubert", "wavlm") else "input_features"
+
+    @property
+    def frames_per_second(self) -> float:
+        """Input frames (or samples) per second of audio."""
+        if self.input_key == "input_values":
+            return float(self.sample_rate)
+        return self.sample_rate / float(getattr(self.extractor, "hop_length", 160))
+
+    def __call__(self, audio: np.ndarray) -> dict[str, torch.Tensor]:
+        """The sample's input tensors (without labels)."""
+        if isinstance(self.extractor, LogMel):
+            feats = self.extractor(audio)
+            return {"input_features": feats, "attention_mask": torch.ones(len(feats), dtype=torch.long)}
+        out = self.extractor(audio, sampling_rate=self.sample_rate, return_tensors="pt",
+                             return_attention_mask=True)
+        sample = {self.input_key: out[self.input_key][0]}
+        if self.family == "whisper":
+            return sample  # fixed 30 s windows, no mask
+        if self.family.startswith("parakeet") and sample[self.input_key].shape[0] != out["attention_mask"].shape[-1]:
+            sample[self.input_key] = sample[self.input_key].T
+        mask = out.get("attention_mask")
+        if self.use_attention_mask:
+            sample["attention_mask"] = (
+                mask[0].long() if mask is not None else torch.ones(sample[self.input_key].shape[0], dtype=torch.long)
+            )
+        return sample
+
+    def save(self, folder: Pathlike) -> None:
+        """Write the extractor's ``preprocessor_config.json`` beside the model."""
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        if isinstance(self.extractor, LogMel):
+            atomic_write_text(out / "preprocessor_config.json", json.dumps(self.extractor.to_dict(), indent=1))
+        else:
+            self.extractor.save_pretrained(out)
+
+
+def frontend_for(config: Any, family: str, source: str | None = None) -> Frontend:
+    """The frontend for a model config.
+
+    Args:
+        config: The model's ``PretrainedConfig``.
+        family: Its asrfit family.
+        source: A Hub id or folder to load the feature extractor from (falls back to the
+            family's default extractor, configured from ``config``, when it has none).
+
+    Raises:
+        ConfigError: For a family asrfit has no frontend for.
+    """
+    if family == "asrfit_conformer":
+        return Frontend(family, LogMel(n_mels=int(config.num_mel_bins)))
+    import transformers
+
+    if source is not None:
+        try:
+            extractor = transformers.AutoFeatureExtractor.from_pretrained(source)
+            return Frontend(family, extractor, use_attention_mask=_wants_mask(config, family))
+        except (OSError, ValueError, KeyError):
+            pass  # a bundled config or an offline machine: build the family default below
+    if family in ("wav2vec2", "hubert", "wavlm"):
+        layer_norm = getattr(config, "feat_extract_norm", "layer") == "layer"
+        extractor = transformers.Wav2Vec2FeatureExtractor(
+            feature_size=1, sampling_rate=SAMPLE_RATE_HZ, do_normalize=True, return_attention_mask=layer_norm
+        )
+        return Frontend(family, extractor, use_attention_mask=layer_norm)
+    if family == "whisper":
+        return Frontend(family, transformers.WhisperFeatureExtractor(feature_size=int(config.num_mel_bins)))
+    if family in ("parakeet_ctc", "parakeet_tdt"):
+        enc = getattr(config, "encoder_config", config)
+        return Frontend(family, transformers.ParakeetFeatureExtractor(feature_size=int(enc.num_mel_bins)))
+    raise ConfigError(f"model family {family!r}: asrfit has no audio frontend for it; use a supported model.")
+
+
+def _wants_mask(config: Any, family: str) -> bool:
+    if family in ("wav2vec2", "hubert", "wavlm"):
+        return getattr(config, "feat_extract_norm", "layer") == "layer"
+    return family != "whisper"
+
+
+def seconds_to_frames(seconds: float, frames_per_second: float) -> int:
+    """Input frames in ``seconds`` of audio (rounded up)."""
+    return int(math.ceil(seconds * frames_per_second))

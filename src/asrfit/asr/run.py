@@ -1,0 +1,333 @@
+"""A training run end to end: profile, plan, train (optionally in growing stages), score, save.
+
+``out_dir`` holds::
+
+    plan.json            the plan the run trained with
+    vocab.json, ...      the character vocabulary (a Wav2Vec2CTCTokenizer)
+    stage1/checkpoints   the trainer's checkpoints of each stage (``--resume`` continues them)
+    best/                the best model on dev: save_pretrained + tokenizer + feature
+                         extractor config + plan.json (AutoModelForCTC / AutoTokenizer load it)
+    report.json, report.md
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asrfit.asr.audio import SpecAugment
+from asrfit.asr.dataset import SpeechDataset, utterances_from
+from asrfit.asr.evaluate import EvalResult, evaluate
+from asrfit.asr.models import ASRModel, build_asr_model
+from asrfit.asr.text import CharVocabulary, TextNormalizer
+from asrfit.errors import ConfigError
+from asrfit.utils.io import atomic_write_text
+from asrfit.utils.serialization import JsonDataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunConfig(JsonDataclass):
+    """What ``asrfit train`` was asked to do.
+
+    Attributes:
+        model: Model spec (bundled name, Hub id, folder).
+        train: Training data (manifest, audio folder).
+        out_dir: Where the run writes.
+        dev: Dev data, scored every epoch. (Default: none)
+        test: Test data, scored once with the best model. (Default: none)
+        gpu: GPU name, or "auto" to detect (CPU when there is none).
+        plan: A saved plan to train with instead of planning.
+        target_batch: Utterances per optimizer step.
+        epochs: Epochs per stage.
+        max_steps: Optimizer steps per stage (wins over ``epochs``).
+        learning_rate: Peak LR. (Default: 1e-3 for random weights, 5e-5 for pretrained ones)
+        warmup_steps: Linear warm-up. (Default: 10% of the stage's steps)
+        stages: Fractions of the training data, trained in turn.
+        spec_augment: Mask features of the built-in model while training.
+        random_init: Never load weights.
+        model_overrides: Config fields to change.
+        seed: Seeds sampling, masks and initialisation.
+        resume: Continue from the latest checkpoints in ``out_dir``.
+        eval_batch_size: Utterances per evaluation batch.
+        lowercase, remove_punctuation: Transcript normalisation.
+        push_to_hub: A Hub repo id to push the best model to (needs a configured token).
+    """
+
+    model: str
+    train: str
+    out_dir: str
+    dev: str | None = None
+    test: str | None = None
+    gpu: str = "auto"
+    plan: str | None = None
+    target_batch: int = 32
+    epochs: float = 10.0
+    max_steps: int | None = None
+    learning_rate: float | None = None
+    warmup_steps: int | None = None
+    stages: list[float] = field(default_factory=lambda: [1.0])
+    spec_augment: bool = True
+    random_init: bool = False
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    resume: bool = False
+    eval_batch_size: int = 16
+    lowercase: bool = True
+    remove_punctuation: bool = True
+    push_to_hub: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.stages or any(not 0 < f <= 1 for f in self.stages) or sorted(self.stages) != self.stages:
+            raise ConfigError(f"stages={self.stages}: give increasing fractions in (0, 1], e.g. 0.1,0.5,1.0.")
+        if self.epochs <= 0 or (self.max_steps is not None and self.max_steps < 1):
+            raise ConfigError(f"epochs={self.epochs}, max_steps={self.max_steps}: must be positive.")
+        if self.target_batch < 1:
+            raise ConfigError(f"target_batch={self.target_batch}: must be at least 1.")
+
+
+@dataclass
+class EpochRecord(JsonDataclass):
+    """One epoch: where, how long, and the dev scores."""
+
+    stage: int
+    epoch: int
+    steps: int
+    train_loss: float
+    wall_seconds: float
+    audio_seconds: float
+    dev: EvalResult | None = None
+
+
+@dataclass
+class RunReport(JsonDataclass):
+    """What a run did and measured."""
+
+    config: RunConfig
+    model_class: str
+    parameters: int
+    trainable_parameters: int
+    pretrained: bool
+    gpu: str
+    device: str
+    plan_summary: list[list[str]]
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    measured_peak_kind: str
+    predicted_audio_seconds_per_second: float
+    measured_audio_seconds_per_second: float
+    skipped: dict[str, int]
+    epochs: list[EpochRecord]
+    best_dev_cer: float | None
+    best_dev_wer: float | None
+    test: EvalResult | None
+    wall_seconds: float
+    best_dir: str
+
+    def markdown(self) -> str:
+        """A short human-readable report."""
+        lines = [f"# asrfit run: {self.config.model}", "",
+                 f"{self.model_class}, {self.parameters / 1e6:.2f} M parameters "
+                 f"({self.trainable_parameters / 1e6:.2f} M trainable), "
+                 f"{'pretrained' if self.pretrained else 'random'} weights; trained on {self.device}.", "",
+                 "## Plan", ""]
+        lines += [f"- {k}: {v}" for k, v in self.plan_summary]
+        lines += ["", "## Memory and speed", "",
+                  f"- predicted peak (largest bucket, plan for {self.gpu}): {self.predicted_peak_bytes / 2**30:.2f} GiB",
+                  f"- measured peak ({self.measured_peak_kind}): {self.measured_peak_bytes / 2**30:.2f} GiB",
+                  f"- throughput: predicted {self.predicted_audio_seconds_per_second:.1f}, measured "
+                  f"{self.measured_audio_seconds_per_second:.1f} audio s per s", "",
+                  "## Epochs", "", "| stage | epoch | steps | train loss | dev WER | dev CER | s |",
+                  "|---|---|---|---|---|---|---|"]
+        for e in self.epochs:
+            wer = f"{100 * e.dev.wer:.1f} %" if e.dev else "-"
+            cer = f"{100 * e.dev.cer:.1f} %" if e.dev else "-"
+            lines.append(f"| {e.stage} | {e.epoch} | {e.steps} | {e.train_loss:.3f} | {wer} | {cer} | {e.wall_seconds:.0f} |")
+        if self.test is not None:
+            lines += ["", f"Test (best model): WER {100 * self.test.wer:.1f} %, CER {100 * self.test.cer:.1f} %"]
+        if self.skipped:
+            lines += ["", f"Skipped utterances: {self.skipped}"]
+        return "\n".join(lines) + "\n"
+
+
+def _save_best(model: ASRModel, vocab: CharVocabulary, plan: Any, out: Path, scores: dict[str, Any]) -> None:
+    """Write the model folder atomically: build it beside, then swap it in."""
+    tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.model.save_pretrained(tmp)
+    atomic_write_text(tmp / "scores.json", json.dumps(scores))
+    vocab.save(tmp)
+    model.frontend.save(tmp)
+    plan.save(tmp / "plan.json")
+    if out.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _plan(cfg: RunConfig, asr: ASRModel, train_source: str) -> tuple[Any, Any]:
+    from asrfit.plan.plan import Plan
+    from asrfit.plan.search import plan as make_plan
+    from asrfit.profiles.dataset import DatasetProfile
+    from asrfit.profiles.hardware import HardwareProfile
+
+    hardware = HardwareProfile.resolve(cfg.gpu)
+    if cfg.plan is not None:
+        return Plan.load(cfg.plan), hardware
+    dataset = DatasetProfile.from_source(train_source)
+    return make_plan(hardware, dataset, asr.config, target_effective_batch=cfg.target_batch), hardware
+
+
+def train_asr(cfg: RunConfig) -> RunReport:
+    """Profile, plan, train and score; see the module docstring for what is written.
+
+    Raises:
+        ConfigError: On unusable data or arguments (naming them).
+        PlanError: When nothing fits the GPU.
+    """
+    import transformers
+
+    from asrfit.plan.seed_api import TrainingConfig
+    from asrfit.train.checkpoint import latest_checkpoint, load_checkpoint
+    from asrfit.train.components import LinearWarmupDecay
+    from asrfit.train.trainer import MemoryEfficientTrainer
+
+    transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars per epoch
+    started = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_utts = utterances_from(cfg.train)
+    normalizer = TextNormalizer(cfg.lowercase, cfg.remove_punctuation)
+    if cfg.resume and (out / "vocab.json").is_file():
+        vocab = CharVocabulary.load(out)
+    else:
+        vocab = CharVocabulary.build((u.text for u in train_utts), normalizer)
+        vocab.save(out)
+    asr = build_asr_model(cfg.model, vocab, pretrained=not cfg.random_init, overrides=cfg.model_overrides)
+    plan, hardware = _plan(cfg, asr, cfg.train)
+    plan.save(out / "plan.json")
+    augment = SpecAugment() if cfg.spec_augment and asr.frontend.input_key == "input_features" else None
+    cache = plan.data.cache_decoded_audio
+    train_set = SpeechDataset(train_utts, vocab, asr.frontend, output_frames=asr.output_frames,
+                              max_seconds=plan.data.max_seconds, long_utterances=plan.data.long_utterances,
+                              spec_augment=augment, cache=cache, seed=cfg.seed)
+    dev_set = None
+    if cfg.dev is not None:
+        dev_set = SpeechDataset(utterances_from(cfg.dev), vocab, asr.frontend, cache=True, keep_unknown=True)
+    lr = cfg.learning_rate or (5e-5 if asr.pretrained else 1e-3)
+    order = np.random.default_rng(cfg.seed).permutation(len(train_set))
+    epochs: list[EpochRecord] = []
+    best_cer: float | None = None
+    best_wer: float | None = None
+    if cfg.resume and (out / "best" / "scores.json").is_file():
+        scores = json.loads((out / "best" / "scores.json").read_text(encoding="utf-8"))
+        best_cer, best_wer = scores["dev_cer"], scores["dev_wer"]
+    previous: Path | None = None
+    peak, audio_seconds, train_seconds = 0, 0.0, 0.0
+    trainer: Any = None
+    for stage, fraction in enumerate(cfg.stages, start=1):
+        indices = sorted(order[: max(1, math.ceil(fraction * len(train_set)))].tolist())
+        subset = torch.utils.data.Subset(train_set, indices)
+        durations = [train_set.durations[i] for i in indices]
+        labels = [train_set.label_lengths[i] for i in indices]
+        stage_dir = out / f"stage{stage}"
+        training = TrainingConfig.from_plan(plan, learning_rate=lr, num_train_epochs=cfg.epochs)
+        trainer = MemoryEfficientTrainer(asr.model, training, plan=plan, out_dir=stage_dir,
+                                         seed=cfg.seed, progress=False, keep_last=2)
+        sampler = trainer.make_sampler(subset, durations=durations, label_lengths=labels)
+        per_epoch = math.ceil(len(sampler) / trainer.accumulation_steps)
+        total = math.ceil(cfg.epochs * per_epoch)
+        if cfg.max_steps is not None:
+            total = min(total, cfg.max_steps)
+        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, total // 10)
+        inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+        trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(inner, LinearWarmupDecay(warmup, total))
+        resume_from = None
+        if cfg.resume and latest_checkpoint(stage_dir / "checkpoints") is not None:
+            resume_from = "latest"
+        elif previous is not None:
+            load_checkpoint(previous, model=trainer.unwrapped_model)
+            logger.info("stage %d starts from %s", stage, previous)
+        step, batches_done = trainer.global_step, 0
+        if resume_from is not None:
+            saved = torch.load(latest_checkpoint(stage_dir / "checkpoints"), map_location="cpu", weights_only=False)
+            step, batches_done = int(saved["step"]), int(saved["extra"].get("batches_in_epoch", 0))
+            if step >= total:  # the stage had finished: take its weights and move on
+                trainer.unwrapped_model.load_state_dict(saved["model"])
+            del saved
+        while step < total:
+            # one epoch per call (the rest of it after a resume), then score dev
+            epoch_end = step + math.ceil((len(sampler) - batches_done) / trainer.accumulation_steps)
+            summary = trainer.train(sampler, dataset=subset, resume_from=resume_from,
+                                    max_steps=min(total, epoch_end), durations=durations, label_lengths=labels)
+            step, batches_done, resume_from = trainer.global_step, 0, None
+            peak = max(peak, summary.peak_memory_bytes)
+            audio_seconds += summary.audio_seconds
+            train_seconds += summary.wall_seconds
+            dev = None
+            if dev_set is not None:
+                dev = evaluate(trainer.unwrapped_model, dev_set, asr.output_frames,
+                               batch_size=cfg.eval_batch_size, device=trainer.accelerator.device)
+                logger.info("stage %d epoch %d: dev WER %.1f %%, CER %.1f %%", stage, trainer.epoch,
+                            100 * dev.wer, 100 * dev.cer)
+            epochs.append(EpochRecord(stage, trainer.epoch, trainer.global_step, summary.mean_loss,
+                                      summary.wall_seconds, summary.audio_seconds, dev))
+            if dev is None or best_cer is None or dev.cer < best_cer:
+                best_cer, best_wer = (dev.cer, dev.wer) if dev else (None, None)
+                _save_best(asr, vocab, plan, out / "best", {"dev_cer": best_cer, "dev_wer": best_wer})
+        previous = trainer.save_checkpoint()
+    test = None
+    if cfg.test is not None:
+        from transformers import AutoModelForCTC
+
+        best = AutoModelForCTC.from_pretrained(out / "best")
+        test_set = SpeechDataset(utterances_from(cfg.test), vocab, asr.frontend, keep_unknown=True)
+        test = evaluate(best, test_set, asr.output_frames, batch_size=cfg.eval_batch_size)
+    device = str(trainer.accelerator.device)
+    report = RunReport(
+        config=cfg, model_class=type(asr.model).__name__, parameters=asr.num_parameters,
+        trainable_parameters=sum(p.numel() for p in asr.model.parameters() if p.requires_grad),
+        pretrained=asr.pretrained, gpu=plan.gpu, device=device,
+        plan_summary=[[k, v] for k, v in plan.summary_rows()],
+        predicted_peak_bytes=max(b.predicted_peak_bytes for b in plan.buckets),
+        measured_peak_bytes=peak,
+        measured_peak_kind="torch.cuda.max_memory_reserved" if device.startswith("cuda") else "process RSS (CPU)",
+        predicted_audio_seconds_per_second=plan.predicted_throughput_seconds_per_second,
+        measured_audio_seconds_per_second=audio_seconds / train_seconds if train_seconds else 0.0,
+        skipped=train_set.skip_summary(), epochs=epochs, best_dev_cer=best_cer, best_dev_wer=best_wer,
+        test=test, wall_seconds=time.perf_counter() - started, best_dir=str(out / "best"),
+    )
+    atomic_write_text(out / "report.json", report.to_json())
+    atomic_write_text(out / "report.md", report.markdown())
+    if cfg.push_to_hub:
+        _push(out / "best", cfg.push_to_hub)
+    return report
+
+
+def _push(folder: Path, repo_id: str) -> None:
+    """Upload the best model folder with huggingface_hub (needs a configured token)."""
+    from huggingface_hub import HfApi, get_token
+
+    if get_token() is None:
+        raise ConfigError("--push-to-hub needs a Hugging Face token: run `hf auth login` or set HF_TOKEN.")
+    api = HfApi()
+    api.create_repo(repo_id, exist_ok=True)
+    api.upload_folder(folder_path=str(folder), repo_id=repo_id)
+    logger.info("pushed %s to https://huggingface.co/%s", folder, repo_id)
+
+
+def load_report(out_dir: str | Path) -> dict[str, Any]:
+    """The ``report.json`` of a finished run, as a dict."""
+    return json.loads((Path(out_dir) / "report.json").read_text(encoding="utf-8"))

@@ -1,0 +1,99 @@
+"""End to end on a tiny demo corpus: plan, train in stages, score, save, load, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from asrfit.asr.run import RunConfig, train_asr
+from asrfit.data.demo import write_demo_corpus
+
+TINY = {"d_model": 48, "encoder_layers": 2, "encoder_attention_heads": 2, "conv_kernel_size": 7}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    write_demo_corpus(out, num_train=64, num_dev=12, num_test=12, max_seconds=3.0, seed=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(corpus, tmp_path_factory):
+    cfg = RunConfig(
+        model="conformer-ctc-small", train=str(corpus / "train.jsonl"), dev=str(corpus / "dev.jsonl"),
+        test=str(corpus / "test.jsonl"), out_dir=str(tmp_path_factory.mktemp("run")),
+        target_batch=8, epochs=6, learning_rate=3e-3, stages=[0.5, 1.0], random_init=True,
+        model_overrides=TINY, spec_augment=False,
+    )
+    return cfg, train_asr(cfg)
+
+
+@pytest.mark.slow
+def test_loss_falls_and_cer_improves(run) -> None:
+    _, report = run
+    stage2 = [e for e in report.epochs if e.stage == 2]
+    assert [e.stage for e in report.epochs] == [1] * 6 + [2] * 6
+    first, last = report.epochs[0], report.epochs[-1]
+    assert last.train_loss < 0.7 * first.train_loss
+    assert min(e.dev.cer for e in stage2) < first.dev.cer - 0.05
+    assert report.best_dev_cer == min(e.dev.cer for e in report.epochs)
+    assert report.test is not None and 0.0 <= report.test.cer <= 1.0
+
+
+@pytest.mark.slow
+def test_stage_two_starts_from_stage_one(run) -> None:
+    cfg, report = run
+    stage1 = [e for e in report.epochs if e.stage == 1]
+    stage2 = [e for e in report.epochs if e.stage == 2]
+    # stage 2 sees twice the data with the weights stage 1 ended with: its first loss is
+    # far below stage 1's first (random weights)
+    assert stage2[0].train_loss < stage1[0].train_loss * 0.8
+    assert stage2[-1].steps > stage1[-1].steps  # twice the data per epoch
+    assert len(list((__import__("pathlib").Path(cfg.out_dir) / "stage1" / "checkpoints").glob("*.pt"))) >= 1
+
+
+@pytest.mark.slow
+def test_saved_model_loads_and_predicts_identically(run) -> None:
+    from transformers import AutoModelForCTC, AutoTokenizer
+
+    from asrfit.asr.dataset import SpeechDataset, utterances_from
+    from asrfit.asr.evaluate import transcribe
+    from asrfit.asr.features import Frontend, LogMel
+    from asrfit.asr.text import CharVocabulary
+
+    cfg, report = run
+    best = report.best_dir
+    model = AutoModelForCTC.from_pretrained(best)
+    vocab = CharVocabulary.load(best)
+    assert AutoTokenizer.from_pretrained(best).get_vocab() == {t: i for i, t in enumerate(vocab.tokens)}
+    pre = json.loads((__import__("pathlib").Path(best) / "preprocessor_config.json").read_text())
+    frontend = Frontend("asrfit_conformer", LogMel(n_mels=pre["feature_size"]))
+    test = SpeechDataset(utterances_from(cfg.test), vocab, frontend, keep_unknown=True)
+    frames = model.output_lengths if hasattr(model, "output_lengths") else None
+    assert frames is not None
+
+    def out_frames(n: int) -> int:
+        return int(model.output_lengths(torch.tensor([n]))[0])
+
+    first, _ = transcribe(model, test, out_frames)
+    model.save_pretrained(cfg.out_dir + "/copy")
+    again, _ = transcribe(AutoModelForCTC.from_pretrained(cfg.out_dir + "/copy"), test, out_frames)
+    assert first == again
+    from asrfit.asr.evaluate import error_rates
+
+    assert error_rates(test.texts, first)[1] == pytest.approx(report.test.cer)
+
+
+@pytest.mark.slow
+def test_resume_continues_the_last_stage(run) -> None:
+    cfg, report = run
+    more = RunConfig.from_dict({**cfg.to_dict(), "epochs": 7, "resume": True, "test": None})
+    resumed = train_asr(more)
+    stage2 = [e for e in resumed.epochs if e.stage == 2]
+    # stage 1 had finished (6 of 7 epochs are not redone: it continues for one more epoch)
+    assert [e.epoch for e in resumed.epochs if e.stage == 1] == [7]
+    assert [e.epoch for e in stage2] == [7]
+    assert stage2[0].steps > report.epochs[-1].steps
