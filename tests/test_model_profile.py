@@ -43,6 +43,7 @@ from asrfit.profiles.model import (
 from asrfit.profiles.registry import get_bundled
 
 EXPECTED_BUNDLED = {
+    "conformer-ctc-tiny",
     "conformer-ctc-small",
     "conformer-ctc-medium",
     "conformer-ctc-large",

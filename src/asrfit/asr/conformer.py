@@ -45,6 +45,7 @@ SUBSAMPLING_FACTORS = (4, 8)
 
 # Presets (d_model, layers, heads); everything else takes the config defaults.
 CONFORMER_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"d_model": 96, "encoder_layers": 4, "encoder_attention_heads": 4},
     "small": {"d_model": 128, "encoder_layers": 6, "encoder_attention_heads": 4},
     "medium": {"d_model": 192, "encoder_layers": 8, "encoder_attention_heads": 4},
     "large": {"d_model": 256, "encoder_layers": 12, "encoder_attention_heads": 4},
