@@ -29,7 +29,7 @@ import gc
 import os
 import platform
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from torch.autograd import DeviceType
 from asrfit.memory.adapters import BatchShape, padded_attention_mask
 from asrfit.memory.optimizers import make_optimizer
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
+from asrfit.memory.simulate import _default_dtype, _float_dtype
 from asrfit.utils.io import atomic_write_text
 
 SAMPLE_RATE = 16_000
@@ -292,20 +293,6 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
         st = t.untyped_storage()
         seen[(str(t.device), st.data_ptr() or id(st))] = st.nbytes()
     return sum(seen.values())
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def _float_dtype(setup: Setup) -> torch.dtype:
-    return torch.bfloat16 if setup.precision is Precision.PURE_BF16 else torch.float32
 
 
 def build_real_model(case: Case, device: str = "cpu") -> nn.Module:

@@ -10,7 +10,8 @@ import pytest
 import soundfile as sf
 import torch
 
-from asrfit.asr.dataset import SpeechDataset, ctc_greedy, utterances_from
+from asrfit.asr.conformer import ctc_greedy
+from asrfit.asr.dataset import SpeechDataset, utterances_from
 from asrfit.asr.features import Frontend, LogMel
 from asrfit.asr.text import CharVocabulary
 from asrfit.errors import ConfigError

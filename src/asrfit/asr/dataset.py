@@ -37,7 +37,7 @@ from asrfit.asr.audio import (
     to_mono,
 )
 from asrfit.asr.features import Frontend
-from asrfit.asr.text import BLANK_ID, CharVocabulary
+from asrfit.asr.text import CharVocabulary
 from asrfit.errors import AudioError, ConfigError, ManifestError
 
 logger = logging.getLogger(__name__)
@@ -308,17 +308,3 @@ class SpeechDataset(torch.utils.data.Dataset):
         sample["labels"] = torch.tensor(self.labels[index], dtype=torch.long)
         return sample
 
-
-def ctc_greedy(logits: torch.Tensor, lengths: torch.Tensor | None = None) -> list[list[int]]:
-    """Greedy CTC paths: argmax per frame, repeats collapsed, blanks dropped."""
-    best = logits.argmax(-1).tolist()
-    out = []
-    for row, path in enumerate(best):
-        n = len(path) if lengths is None else int(lengths[row])
-        ids, previous = [], None
-        for i in path[:n]:
-            if i != previous and i != BLANK_ID:
-                ids.append(i)
-            previous = i
-        out.append(ids)
-    return out

@@ -9,7 +9,8 @@ import jiwer
 import torch
 from torch import nn
 
-from asrfit.asr.dataset import SpeechDataset, ctc_greedy
+from asrfit.asr.conformer import ctc_greedy
+from asrfit.asr.dataset import SpeechDataset
 from asrfit.train.batching import pad_collate
 from asrfit.utils.serialization import JsonDataclass
 
