@@ -130,3 +130,22 @@ def test_log_mel_frames_and_a_tone_peaks_in_its_mel_band() -> None:
     assert int(feats[50].argmax()) == expected
     bank = mel_filterbank(40, 400, 16_000)
     assert bank.shape == (201, 40) and float(bank.min()) >= 0.0
+
+
+def test_pretrained_text_keeps_repeated_tokens_of_a_parakeet_tokenizer() -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import ParakeetTokenizer
+
+    from asrfit.asr.text import PretrainedText
+
+    letters = {"<unk>": 0, "<pad>": 1, "a": 2, "b": 3, "l": 4}
+    backend = Tokenizer(models.WordPiece(letters, unk_token="<unk>", continuing_subword_prefix=""))
+    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    backend.decoder = decoders.WordPiece(prefix="")
+    tokenizer = ParakeetTokenizer(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>")
+    text = PretrainedText(tokenizer)
+    ids, unknown = text.encode("Ball!")  # normalised first: "ball"
+    assert (ids, unknown) == ([3, 2, 4, 4], 0)
+    assert tokenizer.decode(ids) == "bal"  # the tokenizer's own CTC-style decode merges "ll"
+    assert text.decode([*ids, 1]) == "ball"  # a transducer's output is kept as it is; pad dropped
+    assert text.encode("bax") == ([3, 2, 0], 1)

@@ -106,8 +106,9 @@ class ConformerCTCConfig(PretrainedConfig):
         initializer_range: Std of the normal init of decoder embeddings (Default: 0.02); Linear
             and Conv layers keep PyTorch's default init.
         pad_token_id: The CTC blank (Default: 0).
-        bos_token_id: Decoder start token (Default: ``vocab_size - 1`` with a decoder).
-        eos_token_id: Decoder end token (Default: ``vocab_size - 1`` with a decoder).
+        bos_token_id: Decoder start token (Default: ``vocab_size`` with a decoder: a token of
+            its own after the CTC classes, so it never collides with a character).
+        eos_token_id: Decoder end token (Default: ``vocab_size``, the same token as ``bos``).
     """
 
     model_type = MODEL_TYPE
@@ -137,9 +138,9 @@ class ConformerCTCConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)
-        for name in ("bos_token_id", "eos_token_id"):  # ESPnet: <sos/eos> is the last token
+        for name in ("bos_token_id", "eos_token_id"):  # one <sos/eos> after the CTC classes
             if self.decoder_layers and _is_int(self.vocab_size) and getattr(self, name) is None:
-                setattr(self, name, self.vocab_size - 1)
+                setattr(self, name, self.vocab_size)
         self._check()
 
     def _fail(self, name: str, rule: str) -> ConfigError:
@@ -168,11 +169,27 @@ class ConformerCTCConfig(PretrainedConfig):
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not number or not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):
                 raise self._fail(name, f"must be a number in [0, 1{']' if closed else ')'}")
-        token_ids = ("pad_token_id", "bos_token_id", "eos_token_id")
-        for name in token_ids if self.decoder_layers else token_ids[:1]:
+        value = self.pad_token_id
+        if not _is_int(value) or not 0 <= value < self.vocab_size:
+            raise self._fail("pad_token_id", f"must be a token id in [0, vocab_size={self.vocab_size})")
+        for name in ("bos_token_id", "eos_token_id") if self.decoder_layers else ():
             value = getattr(self, name)
-            if not _is_int(value) or not 0 <= value < self.vocab_size:
-                raise self._fail(name, f"must be a token id in [0, vocab_size={self.vocab_size})")
+            if not _is_int(value) or not 0 <= value <= self.vocab_size:
+                raise self._fail(
+                    name, f"must be a token id in [0, vocab_size={self.vocab_size}] (vocab_size: the "
+                    "decoder's own token after the CTC classes)"
+                )
+            if value == self.pad_token_id:
+                raise self._fail(name, f"must differ from pad_token_id={self.pad_token_id} (the CTC blank)")
+
+    def validate_token_ids(self) -> None:
+        """No-op: :meth:`_check` validates the ids, allowing ``bos``/``eos`` = ``vocab_size``
+        (transformers' own check would warn that it lies outside the CTC classes)."""
+
+    @property
+    def decoder_vocab_size(self) -> int:
+        """Decoder classes: the CTC classes, plus ``<sos/eos>`` when it lies after them."""
+        return max(self.vocab_size, (self.bos_token_id or 0) + 1, (self.eos_token_id or 0) + 1)
 
     def output_frames(self, num_frames: int) -> int:
         """Encoder frames for ``num_frames`` input mel frames (see :func:`subsampled_frames`)."""
@@ -335,7 +352,7 @@ class ConformerCTCOutput(ModelOutput):
         logits: CTC logits (B, T', vocab_size).
         ctc_loss: The CTC part of the loss.
         decoder_loss: The decoder's token cross-entropy (decoder only).
-        decoder_logits: Decoder logits (B, U + 1, vocab_size) (decoder only).
+        decoder_logits: Decoder logits (B, U + 1, decoder_vocab_size) (decoder only).
         output_lengths: Encoder frames per utterance (B,).
     """
 

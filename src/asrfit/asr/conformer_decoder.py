@@ -7,7 +7,9 @@ batch_first=True)``): token embedding plus learned positions, layers of causal
 self-attention, cross-attention to the encoder output and a feed-forward block, a final
 LayerNorm and a Linear to the vocabulary. Training is teacher-forced from the CTC labels
 (:func:`teacher_forcing`): inputs are ``bos`` + labels, targets are labels + ``eos``, and the
-cross-entropy ignores -100.
+cross-entropy ignores -100. The decoder's vocabulary is
+``ConformerCTCConfig.decoder_vocab_size``: the CTC classes plus ``<sos/eos>`` (by default
+id ``vocab_size``, after them, so it never stands for a character as well).
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ class ConformerDecoder(nn.Module):
         self.bos_token_id = config.bos_token_id
         self.eos_token_id = config.eos_token_id
         self.max_target_positions = config.max_target_positions
-        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.embed_tokens = nn.Embedding(config.decoder_vocab_size, d)
         self.embed_positions = nn.Embedding(config.max_target_positions, d)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
@@ -154,7 +156,7 @@ class ConformerDecoder(nn.Module):
             for _ in range(config.decoder_layers)
         )
         self.final_norm = nn.LayerNorm(d)
-        self.lm_head = nn.Linear(d, config.vocab_size)
+        self.lm_head = nn.Linear(d, config.decoder_vocab_size)
         self.gradient_checkpointing = False
 
     def forward(

@@ -6,7 +6,9 @@ and a lhotse ``CutSet``. :class:`SpeechDataset` checks every utterance before tr
 bad data never stops an epoch:
 
 * an empty transcript, characters outside the vocabulary, a transcript longer than the
-  model's CTC frames allow, or (with ``long_utterances="filter"``) audio above the plan's
+  model's CTC frames allow (CTC models only: transducers such as Parakeet-TDT may emit
+  several tokens per frame), labels longer than a decoder's positions (Whisper's
+  ``max_target_positions``), or (with ``long_utterances="filter"``) audio above the plan's
   longest bucket are skipped and counted in :attr:`SpeechDataset.skipped`;
 * audio above the longest bucket with ``long_utterances="chunk"`` is split at quiet points;
 * a file that fails to decode during training is logged, counted and replaced by the
@@ -37,7 +39,7 @@ from asrfit.asr.audio import (
     to_mono,
 )
 from asrfit.asr.features import Frontend
-from asrfit.asr.text import CharVocabulary
+from asrfit.asr.text import TextCodec
 from asrfit.errors import AudioError, ConfigError, ManifestError
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ SKIP_REASONS = {
     "empty_transcript": "empty transcript",
     "unknown_characters": "characters outside the vocabulary",
     "too_long_for_ctc": "transcript longer than the CTC frames allow",
+    "too_long_for_decoder": "labels longer than the decoder's max_target_positions",
     "too_long": "audio longer than the longest bucket (filtered)",
     "unreadable_audio": "audio that cannot be read",
 }
@@ -160,14 +163,19 @@ def _hf_utterances(ds: Any, audio_column: str, text_column: str) -> list[Utteran
 
 
 class SpeechDataset(torch.utils.data.Dataset):
-    """Model samples (inputs + CTC labels) from utterances, checked before training.
+    """Model samples (inputs + labels) from utterances, checked before training.
 
     Args:
         utterances: From :func:`utterances_from`.
-        vocab: The character vocabulary.
+        vocab: The character vocabulary (or a pretrained tokenizer, :class:`~asrfit.asr.text.PretrainedText`).
         frontend: Audio to model inputs.
         output_frames: Model output frames for a number of input frames (the CTC check);
-            ``None`` skips the check (sequence-to-sequence models).
+            ``None`` skips the check (Whisper, Parakeet-TDT).
+        label_prefix: Ids put before every transcript's ids (Whisper with its own tokenizer:
+            language and task tokens). (Default: none)
+        label_suffix: Ids put after them (Whisper: end of text). (Default: none)
+        max_labels: The most labels (prefix and suffix included) a sample may have: longer
+            ones are skipped as ``too_long_for_decoder``. (Default: no limit)
         max_seconds: The longest audio trained on. (Default: no limit)
         long_utterances: ``"chunk"`` or ``"filter"`` audio above ``max_seconds``.
         spec_augment: Masks applied to ``input_features`` (training only).
@@ -179,10 +187,13 @@ class SpeechDataset(torch.utils.data.Dataset):
     def __init__(
         self,
         utterances: Sequence[Utterance],
-        vocab: CharVocabulary,
+        vocab: TextCodec,
         frontend: Frontend,
         *,
         output_frames: Callable[[int], int] | None = None,
+        label_prefix: Sequence[int] = (),
+        label_suffix: Sequence[int] = (),
+        max_labels: int | None = None,
         max_seconds: float | None = None,
         long_utterances: str = "filter",
         spec_augment: SpecAugment | None = None,
@@ -193,6 +204,8 @@ class SpeechDataset(torch.utils.data.Dataset):
         if long_utterances not in ("chunk", "filter"):
             raise ConfigError(f"long_utterances={long_utterances!r}: use 'chunk' or 'filter'.")
         self.vocab, self.frontend, self.spec_augment = vocab, frontend, spec_augment
+        self.label_prefix, self.label_suffix = tuple(label_prefix), tuple(label_suffix)
+        self.max_labels = max_labels
         self.skipped: Counter[str] = Counter()
         self.replaced: Counter[str] = Counter()
         self._cache: dict[int, dict[str, torch.Tensor]] | None = {} if cache else None
@@ -252,8 +265,12 @@ class SpeechDataset(torch.utils.data.Dataset):
             if len(ids) + repeats > frames:
                 self._skip("too_long_for_ctc", utt, f"{len(ids) + repeats} labels > {frames} frames")
                 return
+        labels = [*self.label_prefix, *ids, *self.label_suffix]
+        if self.max_labels is not None and len(labels) > self.max_labels:
+            self._skip("too_long_for_decoder", utt, f"{len(labels)} labels > {self.max_labels} positions")
+            return
         self.utterances.append(utt)
-        self.labels.append(ids)
+        self.labels.append(labels)
         self.texts.append(self.vocab.normalizer(utt.text))
 
     def __len__(self) -> int:

@@ -1,6 +1,6 @@
 """Model inputs from audio: log-mel for the built-in model, the Hugging Face feature extractor
 of the model's family otherwise (Wav2Vec2 / HuBERT / WavLM waveforms, Whisper and Parakeet
-log-mels).
+log-mels; Whisper's padded to the encoder's fixed window, ``2 * max_source_positions`` frames).
 
 A :class:`Frontend` turns one utterance's 16 kHz mono audio into the tensors of one sample
 (the keys the model's ``forward`` takes); :func:`~asrfit.train.batching.pad_collate` pads them.
@@ -91,13 +91,26 @@ class Frontend:
         family: The model family (see :mod:`asrfit.profiles.model`).
         sample_rate: The rate audio must have.
         input_key: The model's main input (``input_features`` or ``input_values``).
+        window_frames: Whisper: every sample is padded (or cut) to exactly this many frames,
+            the encoder's ``2 * max_source_positions``; None for the other families.
     """
 
-    def __init__(self, family: str, extractor: Any, *, use_attention_mask: bool = True) -> None:
+    def __init__(self, family: str, extractor: Any, *, use_attention_mask: bool = True,
+                 window_frames: int | None = None) -> None:
         self.family, self.extractor = family, extractor
         self.sample_rate = int(getattr(extractor, "sampling_rate", None) or getattr(extractor, "sample_rate", SAMPLE_RATE_HZ))
         self.use_attention_mask = use_attention_mask
         self.input_key = "input_values" if family in ("wav2vec2", "hubert", "wavlm") else "input_features"
+        self.window_frames = window_frames
+        if window_frames is not None:
+            _fit_window(extractor, window_frames)
+
+    @property
+    def max_seconds(self) -> float | None:
+        """The longest audio the model takes (Whisper's fixed window), or None (no limit)."""
+        if self.window_frames is None:
+            return None
+        return self.window_frames / self.frames_per_second
 
     @property
     def frames_per_second(self) -> float:
@@ -111,11 +124,11 @@ class Frontend:
         if isinstance(self.extractor, LogMel):
             feats = self.extractor(audio)
             return {"input_features": feats, "attention_mask": torch.ones(len(feats), dtype=torch.long)}
+        if self.window_frames is not None:
+            return {self.input_key: self._window(audio)}
         out = self.extractor(audio, sampling_rate=self.sample_rate, return_tensors="pt",
                              return_attention_mask=True)
         sample = {self.input_key: out[self.input_key][0]}
-        if self.family == "whisper":
-            return sample  # fixed 30 s windows, no mask
         if self.family.startswith("parakeet") and sample[self.input_key].shape[0] != out["attention_mask"].shape[-1]:
             sample[self.input_key] = sample[self.input_key].T
         mask = out.get("attention_mask")
@@ -124,6 +137,16 @@ class Frontend:
                 mask[0].long() if mask is not None else torch.ones(sample[self.input_key].shape[0], dtype=torch.long)
             )
         return sample
+
+    def _window(self, audio: np.ndarray) -> torch.Tensor:
+        """Whisper's ``[mels, window_frames]`` features: audio padded (or cut) to the window."""
+        samples = self.window_frames * int(self.extractor.hop_length)
+        out = self.extractor(audio, sampling_rate=self.sample_rate, return_tensors="pt",
+                             padding="max_length", max_length=samples, truncation=True)
+        feats = out[self.input_key][0][:, : self.window_frames]
+        if feats.shape[-1] < self.window_frames:
+            feats = torch.nn.functional.pad(feats, (0, self.window_frames - feats.shape[-1]))
+        return feats
 
     def save(self, folder: Pathlike) -> None:
         """Write the extractor's ``preprocessor_config.json`` beside the model."""
@@ -151,10 +174,12 @@ def frontend_for(config: Any, family: str, source: str | None = None) -> Fronten
         return Frontend(family, LogMel(n_mels=int(config.num_mel_bins)))
     import transformers
 
+    window = 2 * int(config.max_source_positions) if family == "whisper" else None
     if source is not None:
         try:
             extractor = transformers.AutoFeatureExtractor.from_pretrained(source)
-            return Frontend(family, extractor, use_attention_mask=_wants_mask(config, family))
+            return Frontend(family, extractor, use_attention_mask=_wants_mask(config, family),
+                            window_frames=window)
         except (OSError, ValueError, KeyError):
             pass  # a bundled config or an offline machine: build the family default below
     if family in ("wav2vec2", "hubert", "wavlm"):
@@ -164,11 +189,22 @@ def frontend_for(config: Any, family: str, source: str | None = None) -> Fronten
         )
         return Frontend(family, extractor, use_attention_mask=layer_norm)
     if family == "whisper":
-        return Frontend(family, transformers.WhisperFeatureExtractor(feature_size=int(config.num_mel_bins)))
+        extractor = transformers.WhisperFeatureExtractor(feature_size=int(config.num_mel_bins))
+        return Frontend(family, extractor, use_attention_mask=False, window_frames=window)
     if family in ("parakeet_ctc", "parakeet_tdt"):
         enc = getattr(config, "encoder_config", config)
         return Frontend(family, transformers.ParakeetFeatureExtractor(feature_size=int(enc.num_mel_bins)))
     raise ConfigError(f"model family {family!r}: asrfit has no audio frontend for it; use a supported model.")
+
+
+def _fit_window(extractor: Any, frames: int) -> None:
+    """Set a ``WhisperFeatureExtractor``'s window to ``frames`` (the encoder's
+    ``2 * max_source_positions``), so it pads to that and its saved config says so."""
+    hop, rate = int(extractor.hop_length), int(extractor.sampling_rate)
+    extractor.n_samples = frames * hop
+    extractor.nb_max_frames = frames
+    seconds = frames * hop / rate
+    extractor.chunk_length = int(seconds) if float(seconds).is_integer() else seconds
 
 
 def _wants_mask(config: Any, family: str) -> bool:

@@ -6,8 +6,14 @@
     vocab.json, ...      the character vocabulary (a Wav2Vec2CTCTokenizer)
     stage1/checkpoints   the trainer's checkpoints of each stage (``--resume`` continues them)
     best/                the best model on dev: save_pretrained + tokenizer + feature
-                         extractor config + plan.json (AutoModelForCTC / AutoTokenizer load it)
+                         extractor config + plan.json (AutoModelForCTC, or for Whisper
+                         AutoModelForSpeechSeq2Seq and for Parakeet-TDT AutoModelForTDT, and
+                         AutoTokenizer load it)
     report.json, report.md
+
+The model's family decides the loss the trainer normalises (:mod:`asrfit.asr.losses`), the
+labels (:meth:`~asrfit.asr.models.ASRModel.label_rules`) and the decoding that scores dev
+and test (:func:`~asrfit.asr.evaluate.transcribe`).
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ import torch
 from asrfit.asr.audio import SpecAugment
 from asrfit.asr.dataset import SpeechDataset, utterances_from
 from asrfit.asr.evaluate import EvalResult, evaluate
-from asrfit.asr.models import ASRModel, build_asr_model
-from asrfit.asr.text import CharVocabulary, TextNormalizer
+from asrfit.asr.models import ASRModel, auto_class_for, build_asr_model
+from asrfit.asr.text import CharVocabulary, TextCodec, TextNormalizer
 from asrfit.errors import ConfigError
 from asrfit.utils.io import atomic_write_text
 from asrfit.utils.serialization import JsonDataclass
@@ -160,7 +166,7 @@ class RunReport(JsonDataclass):
         return "\n".join(lines) + "\n"
 
 
-def _save_best(model: ASRModel, vocab: CharVocabulary, plan: Any, out: Path, scores: dict[str, Any]) -> None:
+def _save_best(model: ASRModel, vocab: TextCodec, plan: Any, out: Path, scores: dict[str, Any]) -> None:
     """Write the model folder atomically: build it beside, then swap it in."""
     tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -174,6 +180,16 @@ def _save_best(model: ASRModel, vocab: CharVocabulary, plan: Any, out: Path, sco
         out.rename(old)
     tmp.rename(out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _spec_augment(cfg: RunConfig, asr: ASRModel) -> SpecAugment | None:
+    """SpecAugment for ``(frames, mels)`` features; Whisper's ``(mels, frames)`` window gets none."""
+    if not cfg.spec_augment or asr.frontend.input_key != "input_features":
+        return None
+    if asr.family == "whisper":
+        logger.info("SpecAugment is off for Whisper (its features are a fixed, padded window).")
+        return None
+    return SpecAugment()
 
 
 def _plan(cfg: RunConfig, asr: ASRModel, train_source: str) -> tuple[Any, Any]:
@@ -216,16 +232,21 @@ def train_asr(cfg: RunConfig) -> RunReport:
         vocab = CharVocabulary.build((u.text for u in train_utts), normalizer)
         vocab.save(out)
     asr = build_asr_model(cfg.model, vocab, pretrained=not cfg.random_init, overrides=cfg.model_overrides)
+    if asr.vocab is not None:  # a pretrained Whisper / Parakeet-TDT may bring its own tokenizer
+        vocab = asr.vocab
     plan, hardware = _plan(cfg, asr, cfg.train)
     plan.save(out / "plan.json")
-    augment = SpecAugment() if cfg.spec_augment and asr.frontend.input_key == "input_features" else None
+    augment = _spec_augment(cfg, asr)
     cache = plan.data.cache_decoded_audio
-    train_set = SpeechDataset(train_utts, vocab, asr.frontend, output_frames=asr.output_frames,
-                              max_seconds=plan.data.max_seconds, long_utterances=plan.data.long_utterances,
+    window = asr.frontend.max_seconds  # Whisper's fixed input window, else None
+    max_seconds = plan.data.max_seconds if window is None else min(plan.data.max_seconds or window, window)
+    train_set = SpeechDataset(train_utts, vocab, asr.frontend, **asr.label_rules(),
+                              max_seconds=max_seconds, long_utterances=plan.data.long_utterances,
                               spec_augment=augment, cache=cache, seed=cfg.seed)
     dev_set = None
     if cfg.dev is not None:
-        dev_set = SpeechDataset(utterances_from(cfg.dev), vocab, asr.frontend, cache=True, keep_unknown=True)
+        dev_set = SpeechDataset(utterances_from(cfg.dev), vocab, asr.frontend, **asr.label_rules(scoring=True),
+                                max_seconds=window, long_utterances="chunk", cache=True, keep_unknown=True)
     lr = cfg.learning_rate or (5e-5 if asr.pretrained else 1e-3)
     order = np.random.default_rng(cfg.seed).permutation(len(train_set))
     epochs: list[EpochRecord] = []
@@ -245,6 +266,7 @@ def train_asr(cfg: RunConfig) -> RunReport:
         stage_dir = out / f"stage{stage}"
         training = TrainingConfig.from_plan(plan, learning_rate=lr, num_train_epochs=cfg.epochs)
         trainer = MemoryEfficientTrainer(asr.model, training, plan=plan, out_dir=stage_dir,
+                                         loss_fn=asr.loss_fn, units_fn=asr.units_fn,
                                          seed=cfg.seed, progress=False, keep_last=2)
         sampler = trainer.make_sampler(subset, durations=durations, label_lengths=labels)
         per_epoch = math.ceil(len(sampler) / trainer.accumulation_steps)
@@ -290,10 +312,9 @@ def train_asr(cfg: RunConfig) -> RunReport:
         previous = trainer.save_checkpoint()
     test = None
     if cfg.test is not None:
-        from transformers import AutoModelForCTC
-
-        best = AutoModelForCTC.from_pretrained(out / "best")
-        test_set = SpeechDataset(utterances_from(cfg.test), vocab, asr.frontend, keep_unknown=True)
+        best = auto_class_for(asr.family).from_pretrained(out / "best")
+        test_set = SpeechDataset(utterances_from(cfg.test), vocab, asr.frontend, **asr.label_rules(scoring=True),
+                                 max_seconds=window, long_utterances="chunk", keep_unknown=True)
         test = evaluate(best, test_set, asr.output_frames, batch_size=cfg.eval_batch_size)
     device = str(trainer.accelerator.device)
     report = RunReport(

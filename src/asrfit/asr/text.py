@@ -1,4 +1,5 @@
-"""Transcripts: normalisation and the character vocabulary (a Hugging Face CTC tokenizer).
+"""Transcripts: normalisation, the character vocabulary (a Hugging Face CTC tokenizer) and a
+wrapper for a pretrained checkpoint's own tokenizer (:class:`PretrainedText`).
 
 The vocabulary follows ``Wav2Vec2CTCTokenizer``'s conventions, so a trained model loads with
 ``AutoTokenizer.from_pretrained``: id 0 is ``<pad>`` (also the CTC blank), id 1 ``<unk>``,
@@ -7,6 +8,7 @@ id 2 the word delimiter ``|`` (a space), then the characters seen in training, s
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
@@ -15,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from asrfit.errors import ConfigError
 from asrfit.utils.io import Pathlike, atomic_write_text
@@ -210,3 +213,69 @@ class CharVocabulary:
         if text_config.is_file():
             normalizer = TextNormalizer.from_json(text_config.read_text(encoding="utf-8"))
         return cls(tokens[len(SPECIAL_TOKENS) :], normalizer)
+
+
+class TextCodec(Protocol):
+    """What datasets, scoring and saving need from a vocabulary: :class:`CharVocabulary`, or
+    :class:`PretrainedText` for a checkpoint that brings its own tokenizer."""
+
+    normalizer: TextNormalizer
+
+    def __len__(self) -> int: ...
+
+    def encode(self, text: str) -> tuple[list[int], int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def save(self, folder: Pathlike) -> Path: ...
+
+
+class PretrainedText:
+    """A pretrained checkpoint's own tokenizer (Whisper, Parakeet) behind :class:`TextCodec`.
+
+    Transcripts are normalised by ``normalizer`` before tokenizing, and hypotheses after
+    decoding, so scores compare like with like.
+
+    Args:
+        tokenizer: A transformers tokenizer (``AutoTokenizer.from_pretrained``).
+        normalizer: The run's normalisation. (Default: lowercase, no punctuation)
+        label_prefix: Ids every label sequence starts with (Whisper: language, task and
+            no-timestamps tokens; the decoder start token is added by the model). (Default: none)
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        normalizer: TextNormalizer | None = None,
+        label_prefix: Sequence[int] = (),
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.normalizer = normalizer or TextNormalizer()
+        self.label_prefix = tuple(int(i) for i in label_prefix)
+        # ParakeetTokenizer merges repeated ids by default (CTC decoding); a transducer's or a
+        # decoder's output must be decoded as it is
+        decode = getattr(tokenizer, "_decode", None)
+        grouping = decode is not None and "group_tokens" in inspect.signature(decode).parameters
+        self._decode_kwargs: dict[str, Any] = {"group_tokens": False} if grouping else {}
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, text: str) -> tuple[list[int], int]:
+        """Normalise and tokenize ``text`` (no special tokens); ``unknown`` counts ``unk`` ids."""
+        ids = list(self.tokenizer(self.normalizer(text), add_special_tokens=False)["input_ids"])
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        return ids, sum(1 for i in ids if unk is not None and i == unk)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids to normalised text, special tokens dropped."""
+        text = self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True, **self._decode_kwargs)
+        return self.normalizer(text)
+
+    def save(self, folder: Pathlike) -> Path:
+        """Write the tokenizer (``save_pretrained``) and ``asrfit_text.json`` to ``folder``."""
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save_pretrained(out)
+        atomic_write_text(out / "asrfit_text.json", self.normalizer.to_json())
+        return out

@@ -1,4 +1,5 @@
-"""``asrfit train``: profile, plan, train, score and save a speech recogniser."""
+"""``asrfit train``: profile, plan, train, score and save a speech recogniser (a CTC model,
+Whisper or Parakeet-TDT; see :mod:`asrfit.asr.models`)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _overrides(values: tuple[str, ...]) -> dict[str, object]:
 
 
 @click.command("train")
-@click.option("--model", "model", required=True, help="Bundled name (conformer-ctc-small, wav2vec2-base, ...), Hub id or folder.")
+@click.option("--model", "model", required=True, help="Bundled name (conformer-ctc-small, wav2vec2-base, whisper-tiny, parakeet-tdt-0.6b-v2, ...), Hub id or folder.")
 @click.option("--data", "train", required=True, help="Training data: JSONL manifest or audio folder.")
 @click.option("--dev", default=None, help="Dev data, scored (WER/CER) every epoch.")
 @click.option("--test", default=None, help="Test data, scored once with the best model.")
@@ -43,7 +44,9 @@ def _overrides(values: tuple[str, ...]) -> dict[str, object]:
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps (per stage); wins over --epochs.")
 @click.option("--lr", "learning_rate", type=float, default=None, help="Peak learning rate.")
 @click.option("--stages", default="1.0", show_default=True, help="Progressive training: data fractions, e.g. 0.1,0.5,1.0.")
-@click.option("--set", "overrides", multiple=True, help="Model config override FIELD=VALUE (repeatable).")
+@click.option("--set", "overrides", multiple=True,
+              help="Model config override FIELD=VALUE (repeatable); Parakeet encoder fields too, "
+                   "e.g. hidden_size=256 or encoder_config.hidden_act=silu.")
 @click.option("--no-spec-augment", is_flag=True, help="Train without SpecAugment.")
 @click.option("--random-init", is_flag=True, help="Never load pretrained weights.")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoints.")
@@ -53,7 +56,11 @@ def command(model: str, train: str, dev: str | None, test: str | None, gpu: str,
             plan_path: str | None, target_batch: int, epochs: float, max_steps: int | None,
             learning_rate: float | None, stages: str, overrides: tuple[str, ...], no_spec_augment: bool,
             random_init: bool, resume: bool, seed: int, push_to_hub: str | None) -> None:
-    """Train a CTC speech recogniser the way the plan says, score it, and save the best model."""
+    """Train a speech recogniser the way the plan says, score it, and save the best model.
+
+    CTC models, Whisper and Parakeet-TDT train; with --random-init (or without weights) they
+    learn the training transcripts' character vocabulary.
+    """
     import logging
 
     from asrfit.asr.run import RunConfig, train_asr

@@ -22,6 +22,8 @@ from asrfit.memory.simulate import StepMemory
 
 logger = logging.getLogger(__name__)
 
+CPU_SCRATCH_RULES_VERSION = 1  # bump when asrfit.memory.scratch changes
+
 
 def cache_dir() -> Path | None:
     """The cache folder, or None when disabled."""
@@ -38,17 +40,17 @@ def cache_key(model_key: str, batch: BatchShape, setup: Setup, target: str, step
 
     from asrfit import __version__
 
-    payload = json.dumps(
-        {
-            "model": model_key,
-            "batch": batch.to_dict(),
-            "setup": setup.to_dict(),
-            "target": target,
-            "steps": steps,
-            "versions": [__version__, torch.__version__, transformers.__version__],
-        },
-        sort_keys=True,
-    )
+    inputs: dict[str, object] = {
+        "model": model_key,
+        "batch": batch.to_dict(),
+        "setup": setup.to_dict(),
+        "target": target,
+        "steps": steps,
+        "versions": [__version__, torch.__version__, transformers.__version__],
+    }
+    if target == "cpu":
+        inputs["cpu_scratch"] = CPU_SCRATCH_RULES_VERSION  # CPU traces add kernel scratch
+    payload = json.dumps(inputs, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 

@@ -107,12 +107,77 @@ def _mask_checks_use_values() -> Iterator[None]:
         masking.is_tracing = original
 
 
+def _current_tracker() -> Any:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from asrfit.memory.tracker import StorageTracker
+
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, StorageTracker):
+            return mode
+    return None
+
+
+def _full_length_when_unknown(original: Any) -> Any:
+    def compute_mask_indices(
+        shape: Any,
+        mask_prob: float,
+        mask_length: int,
+        attention_mask: Any = None,
+        min_masks: int = 0,
+    ) -> Any:
+        tracker = _current_tracker()
+        if (
+            attention_mask is not None
+            and tracker is not None
+            and tracker.value_of(attention_mask) is None
+        ):
+            tracker.assume(
+                "_compute_mask_indices",
+                "SpecAugment spans drawn as if every utterance were full length (host-side "
+                "numpy; the device mask has the same shape either way)",
+            )
+            attention_mask = None
+        return original(shape, mask_prob, mask_length, attention_mask, min_masks)
+
+    compute_mask_indices.asrfit_original = original  # type: ignore[attr-defined]
+    return compute_mask_indices
+
+
+@contextlib.contextmanager
+def _spec_augment_spans_on_host() -> Iterator[None]:
+    """Let wav2vec2-style SpecAugment draw its spans when the padding mask's values are unknown.
+
+    ``_compute_mask_indices`` reads each utterance's length from the attention mask with
+    ``.tolist()`` and draws the masked spans in NumPy. The tracker knows mask values only up
+    to a size limit (large batches of raw audio exceed it); the values change where the spans
+    fall, never the size of the boolean mask sent to the device, so full lengths are used.
+    """
+    import sys
+
+    patched = []
+    for name, module in list(sys.modules.items()):
+        original = (
+            getattr(module, "_compute_mask_indices", None)
+            if name.startswith("transformers.models.")
+            else None
+        )
+        if callable(original) and not hasattr(original, "asrfit_original"):
+            module._compute_mask_indices = _full_length_when_unknown(original)  # type: ignore[attr-defined]
+            patched.append((module, original))
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module._compute_mask_indices = original  # type: ignore[attr-defined]
+
+
 @contextlib.contextmanager
 def device_kernels(target: str) -> Iterator[None]:
     """Run attention as ``target`` ("cuda" or "cpu") would, for the duration of the block."""
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: use one of {', '.join(TARGETS)}.")
-    with _mask_checks_use_values():
+    with _mask_checks_use_values(), _spec_augment_spans_on_host():
         if target == "cpu":
             yield
             return

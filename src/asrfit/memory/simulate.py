@@ -27,6 +27,7 @@ from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.allocator import segment_bytes
 from asrfit.memory.kernels import device_kernels
 from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.scratch import scratch_rules
 from asrfit.memory.setup import Precision, Setup
 from asrfit.memory.tracker import Block, StorageTracker, round_block
 from asrfit.utils.serialization import JsonDataclass
@@ -211,7 +212,8 @@ def simulate_step(
         setup: Precision, checkpointing, optimizer (default: fp32 AdamW).
         target: Device whose kernel choices to follow: "cuda" (Default) runs attention
             through the CUDA flash/memory-efficient kernels' shapes; "cpu" runs the CPU kernels
-            as they are (for checking against a real CPU run). See :mod:`asrfit.memory.kernels`.
+            as they are and adds oneDNN convolution scratch (for checking against a real CPU
+            run). See :mod:`asrfit.memory.kernels` and :mod:`asrfit.memory.scratch`.
         steps: Steps to trace (Default: 2; the second is the steady state).
 
     Returns:
@@ -224,6 +226,7 @@ def simulate_step(
     started = time.perf_counter()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     tracker = StorageTracker()
+    tracker.scratch = scratch_rules(target)
     with fake_mode, device_kernels(target):
         model = _build(adapter, setup)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -126,6 +126,7 @@ class StorageTracker(TorchDispatchMode):
         from asrfit.memory import datadep  # local: datadep imports this module
 
         self._handlers = datadep.HANDLERS
+        self.scratch: dict[Any, Any] = {}  # op -> rule(args, kwargs, out) -> kernel-internal bytes
 
     # -- storages ---------------------------------------------------------------
     def _track(self, t: torch.Tensor, tag: str | None = None, op: Any = None) -> int | None:
@@ -257,5 +258,10 @@ class StorageTracker(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, FakeTensor):  # real tensors here are shadow values, not device memory
                 self._track(t, op=func)
+        rule = self.scratch.get(func)
+        if rule is not None:
+            nbytes = rule(args, kwargs, out)
+            if nbytes:
+                self.transient(nbytes, str(func).replace("aten.", ""))
         self._propagate(func, args, kwargs, out)
         return out

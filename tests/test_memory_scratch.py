@@ -1,0 +1,119 @@
+"""CPU convolution scratch rules against a real profiled convolution, and the SpecAugment fallback.
+
+The reference is independent of the simulator: a real convolution on the CPU under
+``torch.profiler`` with memory events, whose bytes live inside the op beyond its outputs
+are the scratch the rules must predict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.autograd import DeviceType
+
+import asrfit.memory.tracker as tracker_module
+from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.scratch import CPU_SCRATCH, scratch_rules
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+
+aten = torch.ops.aten
+
+
+def _measured_scratch(fn, op_name: str) -> int:
+    """Peak bytes inside ``op_name`` minus the bytes it leaves allocated (its outputs)."""
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
+        fn()
+    events = list(prof.profiler.kineto_results.events())
+    memory = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in events
+        if e.name() == "[memory]" and e.device_type() == DeviceType.CPU
+    )
+    times = np.array([m[0] for m in memory])
+    live = np.cumsum([m[1] for m in memory])
+    op = next(e for e in events if e.name() == op_name)
+    i0 = np.searchsorted(times, op.start_ns(), "left")
+    i1 = np.searchsorted(times, op.end_ns(), "right")
+    return int(live[i0:i1].max() - live[i1 - 1]) if i1 > i0 else 0
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "stride"), [(32, 32, 2), (64, 128, 1), (128, 64, 1), (1, 32, 5)]
+)
+def test_forward_rule_matches_profiled_conv1d(c_in: int, c_out: int, stride: int) -> None:
+    x = torch.randn(2, c_in, 4000)
+    w = torch.randn(c_out, c_in, 3)
+    out = torch.nn.functional.conv1d(x, w, stride=stride)
+    measured = _measured_scratch(
+        lambda: torch.nn.functional.conv1d(x, w, stride=stride), "aten::mkldnn_convolution"
+    )
+    predicted = CPU_SCRATCH[aten.convolution.default]((x, w), {}, out)
+    assert predicted == pytest.approx(measured, rel=0.02)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+def test_backward_rule_is_close_for_fp32_conv() -> None:
+    x = torch.randn(2, 64, 3000, requires_grad=True)
+    w = torch.randn(128, 64, 3, requires_grad=True)
+    y = torch.nn.functional.conv1d(x, w)
+    grad = torch.randn_like(y)
+    measured = _measured_scratch(
+        lambda: torch.autograd.grad(y, [w], grad), "aten::convolution_backward"
+    )
+    args = (grad, x.detach(), w.detach(), None, [1], [0], [1], False, [0], 1, [False, True, False])
+    predicted = CPU_SCRATCH[aten.convolution_backward.default](args, {}, None)
+    assert predicted == pytest.approx(measured, rel=0.05)
+
+
+def test_rules_apply_only_to_cpu_traces() -> None:
+    assert scratch_rules("cuda") == {}
+    assert set(scratch_rules("cpu")) == {aten.convolution.default, aten.convolution_backward.default}
+
+
+def _tiny_wav2vec2(mask_time_prob: float):
+    from transformers import Wav2Vec2Config
+
+    cfg = Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        conv_dim=(8,),
+        conv_stride=(5,),
+        conv_kernel=(10,),
+        num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2,
+        vocab_size=8,
+        mask_time_prob=mask_time_prob,
+        mask_time_length=2,
+        feat_extract_norm="layer",  # as XLS-R: the model takes the padding mask
+        do_stable_layer_norm=True,
+    )
+    cfg.architectures = ["Wav2Vec2ForCTC"]
+    return cfg
+
+
+def test_cpu_trace_adds_conv_scratch_and_cuda_trace_does_not() -> None:
+    cfg = _tiny_wav2vec2(0.0)
+    batch = BatchShape(2, 4000, 10)
+    cpu = simulate_step(hf_adapter(cfg), batch, Setup(), target="cpu")
+    cuda = simulate_step(hf_adapter(cfg), batch, Setup(), target="cuda")
+    assert cpu.largest_transient_bytes >= 2 * 4000 * 4  # at least the raw audio's reorder
+    assert cuda.largest_transient_bytes < cpu.largest_transient_bytes
+
+
+def test_spec_augment_spans_with_unknown_mask_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch too large for shadow values still traces; the assumption is reported."""
+    cfg = _tiny_wav2vec2(0.5)
+    batch = BatchShape(4, 4000, 10)
+    known = simulate_step(hf_adapter(cfg), batch, Setup())
+    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_NUMEL", 1000)  # masks are 4 x 4000
+    unknown = simulate_step(hf_adapter(cfg), batch, Setup())
+    assert any("_compute_mask_indices" in a for a in unknown.assumptions)
+    assert not any("_compute_mask_indices" in a for a in known.assumptions)
+    assert unknown.peak_bytes == pytest.approx(known.peak_bytes, rel=0.05)
