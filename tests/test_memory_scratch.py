@@ -117,3 +117,21 @@ def test_spec_augment_spans_with_unknown_mask_values(monkeypatch: pytest.MonkeyP
     assert any("_compute_mask_indices" in a for a in unknown.assumptions)
     assert not any("_compute_mask_indices" in a for a in known.assumptions)
     assert unknown.peak_bytes == pytest.approx(known.peak_bytes, rel=0.05)
+
+
+def test_transducer_may_have_more_labels_than_frames() -> None:
+    """TDT emits several labels per frame: no CTC length rule (CTC keeps its clear error)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    grid = importlib.import_module("_grid")
+    tdt = grid._config("parakeet-tdt")
+    ctc = grid._config("parakeet-ctc")
+    shape = BatchShape(1, 80, 30)  # 80 feature frames -> 10 encoder frames, 30 labels
+    assert simulate_step(hf_adapter(tdt), shape, Setup()).peak_bytes > 0
+    from asrfit.errors import ShapeError
+
+    with pytest.raises(ShapeError, match="CTC needs at least one frame per label"):
+        simulate_step(hf_adapter(ctc), shape, Setup())
