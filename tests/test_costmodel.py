@@ -34,6 +34,18 @@ def test_max_batch_is_the_largest_that_fits() -> None:
     assert model.max_batch(99, 10, 0) == 0
 
 
+def test_never_under_covers_every_point() -> None:
+    # peak = 1000 + 10 B T, except one point 5 % above the plane (a kink the form cannot follow).
+    points = [(b, t, 0, 1000 + 10 * b * t) for b, t in [(1, 10), (2, 10), (4, 20), (8, 20), (3, 30)]]
+    points.append((6, 30, 0, int(1.05 * (1000 + 10 * 6 * 30))))
+    plain = fit_peak_model(points)
+    safe = fit_peak_model(points, never_under=True)
+    assert any(plain.predict(b, t, u) < y for b, t, u, y in points)
+    assert all(safe.predict(b, t, u) >= y - 1e-6 for b, t, u, y in points)
+    assert safe.c0_bytes > plain.c0_bytes
+    assert safe.a_bytes_per_step == plain.a_bytes_per_step  # only the constant moves
+
+
 def test_too_few_points_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least 4"):
         fit_peak_model([(1, 1, 1, 10)] * 3)

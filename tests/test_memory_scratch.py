@@ -7,10 +7,12 @@ are the scratch the rules must predict.
 
 from __future__ import annotations
 
-import numpy as np
+import importlib
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from torch.autograd import DeviceType
 
 import asrfit.memory.tracker as tracker_module
 from asrfit.memory.adapters import BatchShape, hf_adapter
@@ -21,24 +23,17 @@ from asrfit.memory.simulate import simulate_step
 aten = torch.ops.aten
 
 
+def _bench(name: str):
+    """Import a bench/ script as a module (bench/ is not a package)."""
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module(name)
+
+
 def _measured_scratch(fn, op_name: str) -> int:
-    """Peak bytes inside ``op_name`` minus the bytes it leaves allocated (its outputs)."""
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-    ) as prof:
-        fn()
-    events = list(prof.profiler.kineto_results.events())
-    memory = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in events
-        if e.name() == "[memory]" and e.device_type() == DeviceType.CPU
-    )
-    times = np.array([m[0] for m in memory])
-    live = np.cumsum([m[1] for m in memory])
-    op = next(e for e in events if e.name() == op_name)
-    i0 = np.searchsorted(times, op.start_ns(), "left")
-    i1 = np.searchsorted(times, op.end_ns(), "right")
-    return int(live[i0:i1].max() - live[i1 - 1]) if i1 > i0 else 0
+    """Bytes held inside ``op_name`` beyond its outputs (``bench/cpu_conv_scratch.py``)."""
+    return _bench("cpu_conv_scratch").measured_scratch(fn, op_name)
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
@@ -121,12 +116,7 @@ def test_spec_augment_spans_with_unknown_mask_values(monkeypatch: pytest.MonkeyP
 
 def test_transducer_may_have_more_labels_than_frames() -> None:
     """TDT emits several labels per frame: no CTC length rule (CTC keeps its clear error)."""
-    import importlib
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    grid = importlib.import_module("_grid")
+    grid = _bench("_grid")
     tdt = grid._config("parakeet-tdt")
     ctc = grid._config("parakeet-ctc")
     shape = BatchShape(1, 80, 30)  # 80 feature frames -> 10 encoder frames, 30 labels

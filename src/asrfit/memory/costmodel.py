@@ -74,8 +74,14 @@ def _design(points: Iterable[tuple[int, int, int]]) -> np.ndarray:
     return np.array([[1.0, b * t, b * t * t, b * u, float(b)] for b, t, u in points], dtype=float)
 
 
-def fit_peak_model(points: list[tuple[int, int, int, int]]) -> PeakModel:
+def fit_peak_model(points: list[tuple[int, int, int, int]], *, never_under: bool = False) -> PeakModel:
     """Fit the model to ``(B, T, U, peak_bytes)`` points (at least 4, with 2+ lengths).
+
+    Args:
+        points: Simulated ``(batch, input length, label length, peak bytes)``.
+        never_under: Raise the constant by the largest shortfall, so that the fit predicts
+            at least the simulated peak at every point (what a planner that must not run out
+            of memory wants). (Default: False)
 
     Raises:
         ValueError: With fewer than 4 points.
@@ -92,6 +98,9 @@ def fit_peak_model(points: list[tuple[int, int, int, int]]) -> PeakModel:
     coef, _ = nnls(weighted / scale, np.ones_like(y))
     coef = coef / scale
     fitted = x @ coef
+    if never_under:
+        coef[0] += max(0.0, float(np.max(y - fitted)))
+        fitted = x @ coef
     residual = float(np.max(np.abs(fitted - y) / y))
     return PeakModel(
         c0_bytes=float(coef[0]),

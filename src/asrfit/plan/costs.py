@@ -82,7 +82,7 @@ def _fit_shapes(max_input_length: int) -> list[tuple[int, int]]:
 
 
 _REFINE_MAX_BATCH = 512
-_NEAR_BUDGET = 0.25  # points above this share of the budget decide the final fit
+_NEAR_BUDGET = 0.4  # points above this share of the budget decide the final fit
 
 
 class CostEstimator:
@@ -166,7 +166,7 @@ class CostEstimator:
                     for batch in sorted({b, b // 2} - {0, 1, 2}):
                         trace(batch, t)
                 near = [p for p in points if p[3] >= _NEAR_BUDGET * budget_bytes]
-                memory = fit_peak_model(near if len(near) >= 4 else points)
+                memory = fit_peak_model(near if len(near) >= 4 else points, never_under=True)
             self._fits[key] = (memory, fit_peak_model(flop_points))
         return self._fits[key]
 
