@@ -31,11 +31,11 @@ import platform
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from _report import write_section  # noqa: F401  (re-exported for the grid scripts)
 from torch import nn
 from torch.autograd import DeviceType
 
@@ -43,7 +43,6 @@ from asrfit.memory.adapters import BatchShape, padded_attention_mask
 from asrfit.memory.optimizers import make_optimizer
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.memory.simulate import _default_dtype, _float_dtype
-from asrfit.utils.io import atomic_write_text
 
 SAMPLE_RATE = 16_000
 MEL_FRAMES_PER_SECOND = 100
@@ -485,23 +484,6 @@ def model_states_estimate_bytes(num_params: int) -> int:
 
 
 # -- docs/benchmarks.md sections -------------------------------------------------------
-
-
-def write_section(path: Path, name: str, body: str) -> None:
-    """Replace (or append) the section between ``<!-- name:start -->`` and ``<!-- name:end -->``.
-
-    Other sections of the file are left as they are, so several benchmarks share one file.
-    """
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{body.strip()}\n{end}\n"
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        tail = rest.split(end, 1)[1].lstrip("\n")
-        text = head + block + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    atomic_write_text(path, text)
 
 
 def environment_line() -> str:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-HEADER = "# Benchmarks\n\nEvery figure below comes from the command printed beside it.\n"
+from asrfit.utils.io import atomic_write_text
 
 
-def write_section(path: Path, key: str, title: str, body: str) -> None:
-    """Replace (or append) the section between ``<!-- key:start -->`` and ``<!-- key:end -->``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = path.read_text(encoding="utf-8") if path.exists() else HEADER
-    block = f"<!-- {key}:start -->\n## {title}\n\n{body.rstrip()}\n<!-- {key}:end -->"
-    pattern = re.compile(rf"<!-- {re.escape(key)}:start -->.*?<!-- {re.escape(key)}:end -->", re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+def write_section(path: Path, name: str, body: str) -> None:
+    """Replace (or append) the section between ``<!-- name:start -->`` and ``<!-- name:end -->``.
+
+    Other sections of the file are left as they are, so several benchmarks share one file.
+    """
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{body.strip()}\n{end}\n"
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
+        text = head + block + ("\n" + tail if tail else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    atomic_write_text(path, text)

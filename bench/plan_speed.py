@@ -73,7 +73,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        write_section(args.out, "plan-speed", "Planning time", text)
+        write_section(args.out, "plan-speed", f"## Planning time\n\n{text}")
 
 
 if __name__ == "__main__":

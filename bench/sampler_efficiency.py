@@ -425,7 +425,7 @@ def main() -> None:
         print(head)
         print(table(rows))
     if args.out is not None:
-        write_section(args.out, "sampler-efficiency", "Batch sampler efficiency", "\n".join(body))
+        write_section(args.out, "sampler-efficiency", "\n".join(["## Batch sampler efficiency", "", *body]))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from _frames import frame_loss, frame_units
 from torch import nn
 
 from asrfit.data.sampler import MemoryBudgetSampler
@@ -57,19 +58,6 @@ class DropoutModel(nn.Module):
 
     def forward(self, x):
         return self.head(self.drop(torch.tanh(self.proj(x))))
-
-
-def frame_loss(model, batch):
-    labels = batch["labels"]
-    logits = model(batch["x"])
-    loss = nn.functional.cross_entropy(
-        logits.reshape(-1, 3), labels.reshape(-1), ignore_index=-100, reduction="sum"
-    )
-    return loss, int((labels != -100).sum())
-
-
-def frame_units(batch) -> int:
-    return int((batch["labels"] != -100).sum())
 
 
 def make_data(n: int = 20):

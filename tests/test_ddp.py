@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from _frames import FrameModel, frame_loss, frame_units
 from accelerate.state import AcceleratorState
-from torch import nn
 
 # Imported here, before the fork, so that the two processes do not import them again.
 from asrfit.data.sampler import MemoryBudgetSampler
@@ -45,29 +45,6 @@ def make_plan() -> Plan:
         cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
         data=DataDecisions(False, True, "chunk", 12.0, 0.0, 0),
     )
-
-
-class FrameModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(4, 8)
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.head(torch.tanh(self.proj(x)))
-
-
-def frame_loss(model, batch):
-    labels = batch["labels"]
-    logits = model(batch["x"])
-    loss = nn.functional.cross_entropy(
-        logits.reshape(-1, 3), labels.reshape(-1), ignore_index=-100, reduction="sum"
-    )
-    return loss, int((labels != -100).sum())
-
-
-def frame_units(batch) -> int:
-    return int((batch["labels"] != -100).sum())
 
 
 def make_data(n: int = 24):

@@ -71,26 +71,10 @@ def test_rules_apply_only_to_cpu_traces() -> None:
 
 
 def _tiny_wav2vec2(mask_time_prob: float):
-    from transformers import Wav2Vec2Config
-
-    cfg = Wav2Vec2Config(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        conv_dim=(8,),
-        conv_stride=(5,),
-        conv_kernel=(10,),
-        num_conv_pos_embeddings=4,
-        num_conv_pos_embedding_groups=2,
-        vocab_size=8,
-        mask_time_prob=mask_time_prob,
-        mask_time_length=2,
-        feat_extract_norm="layer",  # as XLS-R: the model takes the padding mask
-        do_stable_layer_norm=True,
-    )
-    cfg.architectures = ["Wav2Vec2ForCTC"]
-    return cfg
+    """The accuracy grid's tiny wav2vec2 (XLS-R layout: it takes the padding mask)."""
+    config = _bench("_grid")._config("wav2vec2")
+    config.mask_time_prob, config.mask_time_length = mask_time_prob, 2
+    return config
 
 
 def test_cpu_trace_adds_conv_scratch_and_cuda_trace_does_not() -> None:

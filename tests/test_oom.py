@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from _frames import FrameModel, frame_loss, frame_units
 from torch import nn
 
 from asrfit.memory.costmodel import PeakModel
@@ -47,16 +48,6 @@ def make_plan(limits=(32, 12, 5)) -> Plan:
     )
 
 
-class FrameModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(4, 8)
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.head(torch.tanh(self.proj(x)))
-
-
 class _OOMInBackward(torch.autograd.Function):
     """Identity whose backward raises a fake OOM for batches larger than ``limit``."""
 
@@ -78,19 +69,6 @@ class BackwardOOMModel(FrameModel):
     def forward(self, x):
         h = _OOMInBackward.apply(torch.tanh(self.proj(x)), self.limit)
         return self.head(h)
-
-
-def frame_loss(model, batch):
-    logits = model(batch["x"])
-    labels = batch["labels"]
-    loss = nn.functional.cross_entropy(
-        logits.reshape(-1, 3), labels.reshape(-1), ignore_index=-100, reduction="sum"
-    )
-    return loss, int((labels != -100).sum())
-
-
-def frame_units(batch) -> int:
-    return int((batch["labels"] != -100).sum())
 
 
 class FakeOOMLoss:

@@ -38,6 +38,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from asrfit.asr.conformer_decoder import ConformerDecoder, FeedForward, MultiHeadAttention
+from asrfit.asr.text import ctc_collapse
 from asrfit.errors import ConfigError
 
 MODEL_TYPE = "asrfit_conformer"
@@ -489,15 +490,7 @@ def ctc_greedy(
     """
     best = logits.argmax(dim=-1).tolist()
     lengths = output_lengths.tolist() if output_lengths is not None else [len(b) for b in best]
-    decoded = []
-    for path, length in zip(best, lengths, strict=True):
-        tokens, previous = [], None
-        for token in path[: int(length)]:
-            if token != previous and token != blank_id:
-                tokens.append(token)
-            previous = token
-        decoded.append(tokens)
-    return decoded
+    return [ctc_collapse(path[: int(n)], blank_id) for path, n in zip(best, lengths, strict=True)]
 
 
 def _register() -> None:

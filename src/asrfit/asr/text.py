@@ -64,6 +64,17 @@ class TextNormalizer(JsonDataclass):
         return _SPACES.sub(" ", text).strip()
 
 
+def ctc_collapse(path: Iterable[int], blank_id: int = BLANK_ID) -> list[int]:
+    """One frame path of greedy CTC: merge repeated ids, then drop blanks."""
+    tokens, previous = [], None
+    for token in path:
+        token = int(token)
+        if token != previous and token != blank_id:
+            tokens.append(token)
+        previous = token
+    return tokens
+
+
 class CharVocabulary:
     """A character vocabulary for CTC, saved as a Hugging Face ``Wav2Vec2CTCTokenizer``.
 
@@ -157,14 +168,8 @@ class CharVocabulary:
         return _SPACES.sub(" ", "".join(out)).strip()
 
     def ctc_decode(self, ids: Iterable[int]) -> str:
-        """Greedy CTC: collapse repeats, drop blanks, then :meth:`decode`."""
-        collapsed, previous = [], None
-        for i in ids:
-            i = int(i)
-            if i != previous and i != BLANK_ID:
-                collapsed.append(i)
-            previous = i
-        return self.decode(collapsed)
+        """Greedy CTC: collapse repeats, drop blanks (:func:`ctc_collapse`), then :meth:`decode`."""
+        return self.decode(ctc_collapse(ids))
 
     def save(self, folder: Pathlike) -> Path:
         """Write ``vocab.json``, ``tokenizer_config.json`` and ``asrfit_text.json`` to ``folder``.

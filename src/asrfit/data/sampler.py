@@ -502,15 +502,21 @@ class MemoryBudgetSampler:
             "epoch": self.epoch,
             "batches_yielded": position,
             "finished": self._finished and position == self._position,
+            **self._identity(),
+            "epoch_limits": list(self._epoch_limits),
+            "limits": list(self._limits),
+            "lowerings": [list(e) for e in self._lowerings],
+        }
+
+    def _identity(self) -> dict[str, Any]:
+        """What a saved state must share with this sampler to resume it (dataset, plan, ranks)."""
+        return {
             "num_utterances": int(self._bucket_ids.size),
             "bucket_utterances": [int(m.size) for m in self._members],
             "num_replicas": self.num_replicas,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
             "sort_pool_batches": self.sort_pool_batches,
-            "epoch_limits": list(self._epoch_limits),
-            "limits": list(self._limits),
-            "lowerings": [list(e) for e in self._lowerings],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -530,15 +536,7 @@ class MemoryBudgetSampler:
             raise ConfigError(
                 f"MemoryBudgetSampler state: version {state['version']}, this asrfit reads {STATE_VERSION}."
             )
-        mine = {
-            "num_utterances": int(self._bucket_ids.size),
-            "bucket_utterances": [int(m.size) for m in self._members],
-            "num_replicas": self.num_replicas,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "sort_pool_batches": self.sort_pool_batches,
-        }
-        for key, value in mine.items():
+        for key, value in self._identity().items():
             if state[key] != value:
                 raise ConfigError(
                     f"MemoryBudgetSampler state: {key}={state[key]!r}, but this sampler has {value!r}; "

@@ -19,17 +19,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from asrfit.errors import ShapeError, UnsupportedModelError
 from asrfit.memory.tracker import StorageTracker
+from asrfit.profiles.registry import FAMILIES
 from asrfit.utils.serialization import JsonDataclass
 
-SUPPORTED_FAMILIES = (
-    "wav2vec2",
-    "hubert",
-    "wavlm",
-    "whisper",
-    "parakeet_ctc",
-    "parakeet_tdt",
-    "asrfit_conformer",
-)
+# every family the registry knows, except hand-written "custom" models (simulate_model)
+SUPPORTED_FAMILIES = tuple(f for f in FAMILIES if f != "custom")
 _CLASS_FAMILY = {
     "Wav2Vec2ForCTC": "wav2vec2",
     "HubertForCTC": "hubert",

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 from asrfit.errors import ConfigError
 from asrfit.profiles.gpus.catalog import (
-    PRECISIONS,
     GPUSpec,
     find_gpu,
     list_gpus,
     match_detected_gpu,
+    precision_key,
     resolve_gpu_name,
 )
 from asrfit.profiles.gpus.probe import (
@@ -300,11 +300,7 @@ class HardwareProfile(JsonDataclass):
         Raises:
             ConfigError: When ``precision`` is not one of the four names.
         """
-        key = precision.strip().lower() if isinstance(precision, str) else precision
-        if key not in PRECISIONS:
-            raise ConfigError(
-                f"Unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}."
-            )
+        key = precision_key(precision)
         return None if self.spec is None else self.spec.peak_tflops(key)
 
     def summary_rows(self) -> list[tuple[str, str]]:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import random
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +25,7 @@ import numpy as np
 import torch
 
 from asrfit.errors import ConfigError
-from asrfit.utils.io import Pathlike
+from asrfit.utils.io import Pathlike, atomic_writer
 
 if TYPE_CHECKING:
     from asrfit.train.trainer import MemoryEfficientTrainer
@@ -128,22 +126,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def _atomic_torch_save(obj: Any, dest: Path) -> None:
-    """``torch.save`` to a temporary file next to ``dest``, fsync, then ``os.replace``.
-
-    Streams to disk (a checkpoint can be larger than spare host memory), unlike
-    :func:`asrfit.utils.io.atomic_write_bytes`, which takes the bytes in memory.
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``torch.save`` streamed to disk through :func:`asrfit.utils.io.atomic_writer`."""
+    with atomic_writer(dest) as handle:
+        torch.save(obj, handle)
 
 
 @dataclass

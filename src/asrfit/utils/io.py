@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 Pathlike = str | os.PathLike
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Pathlike) -> Iterator[BinaryIO]:
+    """Open a temporary file next to ``path`` for writing; on success fsync it and rename it
+    over ``path``, on any error remove it (``path`` is never half-written).
+
+    Streams to disk, so the content need not fit in memory (a checkpoint). The parent folder
+    is created when missing.
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_bytes(path: Pathlike, data: bytes) -> Path:
@@ -19,19 +44,9 @@ def atomic_write_bytes(path: Pathlike, data: bytes) -> Path:
     Returns:
         The destination as a ``Path``.
     """
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest
+    with atomic_writer(path) as handle:
+        handle.write(data)
+    return Path(path)
 
 
 def atomic_write_text(path: Pathlike, text: str) -> Path:

@@ -145,12 +145,19 @@ class GPUSpec(JsonDataclass):
         Raises:
             ConfigError: When ``precision`` is not one of the four names.
         """
-        key = precision.strip().lower() if isinstance(precision, str) else precision
-        if key not in PRECISIONS:
-            raise ConfigError(
-                f"Unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}."
-            )
-        return getattr(self, f"{key}_tflops")
+        return getattr(self, f"{precision_key(precision)}_tflops")
+
+
+def precision_key(precision: str) -> str:
+    """``precision`` as one of :data:`PRECISIONS` (case and spaces ignored).
+
+    Raises:
+        ConfigError: When it is not one of them.
+    """
+    key = precision.strip().lower() if isinstance(precision, str) else precision
+    if key not in PRECISIONS:
+        raise ConfigError(f"Unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}.")
+    return key
 
 
 @dataclass
