@@ -43,13 +43,7 @@ STEPS = 40
 LEARNING_RATE = {"whisper": 3e-3, "parakeet_tdt": 1e-2}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run faster on one thread than on two busy shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
