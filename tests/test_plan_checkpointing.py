@@ -17,7 +17,7 @@ from asrfit.models.conformer import conformer_config
 from asrfit.plan.checkpointing import choose_layers, encoder_layers_of
 from asrfit.plan.costs import CostEstimator, model_key
 from asrfit.plan.explain import explain_plan
-from asrfit.plan.search import _plan_buckets, plan
+from asrfit.plan.search import plan, plan_buckets
 from asrfit.profiles.dataset import DatasetProfile
 from asrfit.profiles.hardware import HardwareProfile
 from asrfit.profiles.host import device_rates
@@ -53,7 +53,7 @@ def test_chosen_k_is_the_fastest_of_an_exhaustive_traced_search() -> None:
             costs = estimator.costs(
                 setup, round(edge * rate), labels_per_second / rate, "ada", usable
             )
-        result = _plan_buckets(
+        result = plan_buckets(
             costs, hardware, durations, usable, rate, labels_per_second, edge, cap, 1000
         )
         return costs, result

@@ -74,6 +74,14 @@ from asrfit.plan.exports import EXPORT_FORMATS
     "--long-utterances", type=click.Choice(["chunk", "filter"]), default="chunk", show_default=True
 )
 @click.option(
+    "--buckets",
+    "bucketing",
+    type=click.Choice(["auto", "1d", "2d"]),
+    default="auto",
+    show_default=True,
+    help="1d: duration buckets; 2d: duration x transcript-length buckets; auto: the faster.",
+)
+@click.option(
     "--out",
     "out_path",
     type=click.Path(dir_okay=False),
@@ -106,6 +114,7 @@ def command(
     precision: str | None,
     max_seconds: float | None,
     long_utterances: str,
+    bucketing: str,
     out_path: str | None,
     export_fmt: str | None,
     measure_loader: bool,
@@ -147,6 +156,7 @@ def command(
         long_utterances=long_utterances,
         max_seconds=max_seconds,
         loader_audio_seconds_per_second=loader_rate,
+        bucketing=bucketing,
         progress=TraceProgress.for_terminal(enabled=not as_json and export_fmt is None),
     )
     if export_fmt is not None:

@@ -13,6 +13,8 @@ Use it where lhotse users already build their batches::
 
 Each batch stays within the plan's bucket limit for its first cut's bucket and within the
 plan's usable memory, predicted from the longest cut and transcript seen (padding counts).
+With a two-dimensional plan (duration x labels) pass the same ``plan.bucket_duration_bins``:
+they are ``[seconds, labels]`` pairs, and the constraint picks each cut's bucket by both.
 Needs the ``lhotse`` extra (``pip install asrfit[lhotse]``).
 """
 
@@ -63,7 +65,7 @@ class LhotseBytesConstraint(SamplingConstraint):
             ConfigError: For a cut longer than the plan's largest bucket.
         """
         seconds = self.measure_length(example)
-        bucket = self.select_bucket(self.plan.bucket_duration_bins, example_len=seconds)
+        bucket = self.select_bucket(self.plan.bucket_duration_bins, example=example)
         if bucket >= len(self.plan.buckets):
             raise ConfigError(
                 f"cut {getattr(example, 'id', '?')!r} lasts {seconds:g} s, above the plan's largest "
@@ -74,6 +76,24 @@ class LhotseBytesConstraint(SamplingConstraint):
             self.bucket_index = bucket
             self._budget.max_batch_size = self.plan.buckets[bucket].batch_size
         self._budget.add(self.plan.input_length(seconds), self._label_length(example, seconds))
+
+    def select_bucket(self, buckets: Any, example: Any = None, example_len: Any = None) -> int:
+        """The plan's bucket of a cut (``len(plan.buckets)`` above the largest).
+
+        One-dimensional plans bisect the duration edges as lhotse does; two-dimensional ones
+        (``duration_bins=plan.bucket_duration_bins`` holds ``[seconds, labels]`` pairs) take
+        :meth:`asrfit.plan.plan.Plan.bucket_index` of the cut's duration and transcript length.
+        """
+        if not self.plan.is_two_dimensional:
+            return super().select_bucket(buckets, example=example, example_len=example_len)
+        if example is None:
+            raise ConfigError(
+                "LhotseBytesConstraint.select_bucket: a two-dimensional plan needs the cut "
+                "(example=), not its length alone."
+            )
+        seconds = self.measure_length(example)
+        k = self.plan.bucket_index(seconds, self._label_length(example, seconds))
+        return len(self.plan.buckets) if k is None else k
 
     def exceeded(self) -> bool:
         """Whether the batch so far is over its bucket's limit or the byte budget."""

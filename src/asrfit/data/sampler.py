@@ -1,6 +1,7 @@
 """A length-aware batch sampler whose batches fit a memory budget in *predicted bytes*.
 
-Utterances are grouped into the plan's duration buckets. Each epoch (seed ``seed + epoch``)
+Utterances are grouped into the plan's duration buckets (duration x label ranges in a
+two-dimensional plan, :meth:`asrfit.plan.plan.Plan.bucket_index`). Each epoch (seed ``seed + epoch``)
 every bucket is shuffled; each run of ``sort_pool_batches`` batch limits of it is sorted by
 length (like the mega-batches of Hugging Face's ``group_by_length``: a wide bucket pads
 little); then it is packed greedily under a :class:`BytesConstraint`. A batch of ``n``
@@ -75,6 +76,28 @@ def _chunks(batch: Batch, limit: int) -> list[Batch]:
         out.append(batch[start:stop])
         start = stop
     return out
+
+
+def _bucket_ids(plan: Plan, seconds: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each utterance's bucket (``plan.bucket_index``, vectorised); ``len(buckets)`` above the largest.
+
+    The first duration range whose edge is at least the duration; in a two-dimensional plan,
+    within it the first label range whose edge is at least the labels (the last range for
+    longer transcripts).
+    """
+    buckets = plan.buckets
+    edges = np.array([b.max_seconds for b in buckets])
+    first = np.searchsorted(edges, seconds, side="left").astype(np.int64)
+    if not plan.is_two_dimensional:
+        return first
+    ids = np.full(seconds.shape, len(buckets), dtype=np.int64)
+    for start in np.unique(first[first < len(buckets)]).tolist():
+        stop = int(np.searchsorted(edges, edges[start], side="right"))
+        label_edges = np.array([b.max_label_length for b in buckets[start:stop]])
+        rows = first == start
+        offset = np.searchsorted(label_edges, labels[rows], side="left")
+        ids[rows] = start + np.minimum(offset, stop - start - 1)
+    return ids
 
 
 def _halve_to(batches: list[Batch], count: int) -> list[Batch] | None:
@@ -181,7 +204,7 @@ class MemoryBudgetSampler:
     # --- setup -------------------------------------------------------------------------------
     def _assign(self, seconds: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], dict[str, int]]:
         edges = np.array([b.max_seconds for b in self.plan.buckets])
-        ids = np.searchsorted(edges, seconds, side="left").astype(np.int64)
+        ids = _bucket_ids(self.plan, seconds, self._labels)
         skipped: dict[str, int] = {}
         too_long = ids >= len(edges)
         if too_long.any():

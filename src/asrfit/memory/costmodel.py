@@ -3,7 +3,7 @@
 For one model and setup, the traced peak of a padded batch of ``B`` utterances, each
 ``T`` input steps with ``U`` labels, is modelled as::
 
-    peak(B, T, U) = c0 + B * (d + a * T + b * T**2 + c * U)
+    peak(B, T, U) = c0 + B * (d + a * T + b * T**2 + c * U + e * T * U)
 
 ``c0`` holds what does not scale with the batch (parameters, gradients, optimizer state);
 ``d`` what every utterance costs whatever its length (Whisper pads every input to 30 s);
@@ -11,8 +11,12 @@ For one model and setup, the traced peak of a padded batch of ``B`` utterances, 
 label-dependent tensors (CTC alignment lattices, decoder activations, transducer joints,
 whose ``T*U`` cross term the ``U`` column approximates at fixed frames-per-label). The
 fit is non-negative least squares on relative error, so small and large batches weigh
-alike, and
-reports its residuals. Check a fit against fresh simulations at shapes not used for
+alike, and reports its residuals. Fitted on shapes whose labels grow with their length
+(``U = r T``), the label columns cannot be told from the length columns: the fit is exact
+on that line only. :func:`with_label_terms` moves it off the line with the label slopes
+measured by pairs of traces that differ in ``U`` alone (``e * T * U`` is the cross term:
+CTC lattices, transducer joints, cross-attention scores), which two-dimensional buckets
+(duration x labels) need. Check a fit against fresh simulations at shapes not used for
 fitting (``bench/memory_accuracy.py`` and the tests do).
 """
 
@@ -31,7 +35,7 @@ Simulator = Callable[[int, int, int], int]
 
 @dataclass
 class PeakModel(JsonDataclass):
-    """``peak(B, T, U) = c0 + B * (d + a*T + b*T^2 + c*U)`` with its fit residuals.
+    """``peak(B, T, U) = c0 + B * (d + a*T + b*T^2 + c*U + e*T*U)`` with its fit residuals.
 
     Attributes:
         c0_bytes: Batch-independent bytes.
@@ -39,6 +43,7 @@ class PeakModel(JsonDataclass):
         b_bytes_per_step2: Bytes per utterance per squared input step.
         c_bytes_per_label: Bytes per utterance per label.
         d_bytes_per_utterance: Bytes per utterance independent of its length.
+        e_bytes_per_step_label: Bytes per utterance per input step per label (``T*U``).
         points: The ``(B, T, U, peak_bytes)`` points fitted.
         max_relative_residual: Largest |fit - simulated| / simulated over the points.
     """
@@ -48,6 +53,7 @@ class PeakModel(JsonDataclass):
     b_bytes_per_step2: float
     c_bytes_per_label: float
     d_bytes_per_utterance: float = 0.0
+    e_bytes_per_step_label: float = 0.0
     points: list[list[int]] = field(default_factory=list)
     max_relative_residual: float = 0.0
 
@@ -59,6 +65,7 @@ class PeakModel(JsonDataclass):
             + self.a_bytes_per_step * t
             + self.b_bytes_per_step2 * t * t
             + self.c_bytes_per_label * label_length
+            + self.e_bytes_per_step_label * t * label_length
         )
         return self.c0_bytes + batch_size * per_utt
 
@@ -136,3 +143,78 @@ def default_fit_shapes(max_input_length: int, labels_per_step: float) -> list[tu
 def fit_from_simulator(simulator: Simulator, shapes: list[tuple[int, int, int]]) -> PeakModel:
     """Run ``simulator(B, T, U) -> peak bytes`` on ``shapes`` and fit the model."""
     return fit_peak_model([(b, t, u, int(simulator(b, t, u))) for b, t, u in shapes])
+
+
+def lerp_models(a: PeakModel, b: PeakModel, weight: float) -> PeakModel:
+    """``(1 - weight) x a + weight x b``, coefficient by coefficient (no points kept)."""
+
+    def mix(name: str) -> float:
+        return (1 - weight) * getattr(a, name) + weight * getattr(b, name)
+
+    return PeakModel(
+        c0_bytes=mix("c0_bytes"),
+        a_bytes_per_step=mix("a_bytes_per_step"),
+        b_bytes_per_step2=mix("b_bytes_per_step2"),
+        c_bytes_per_label=mix("c_bytes_per_label"),
+        d_bytes_per_utterance=mix("d_bytes_per_utterance"),
+        e_bytes_per_step_label=mix("e_bytes_per_step_label"),
+    )
+
+
+def label_slopes(pairs: list[tuple[int, int, int, float, int, float]]) -> tuple[float, float]:
+    """Per-utterance label terms ``(c, e)`` from pairs of shapes that differ in labels alone.
+
+    Each pair ``(B, T, U_hi, y_hi, U_lo, y_lo)`` gives the slope per utterance and label at
+    ``T``: ``(y_hi - y_lo) / (B (U_hi - U_lo)) = c + e T``; two lengths separate ``c`` from
+    ``e``. Slopes are kept non-negative; when the two readings give a negative ``c`` or
+    ``e``, the smaller reading is kept for all lengths: below the line ``U = r T`` (where
+    two-dimensional buckets plan) a smaller slope predicts more memory, never less.
+
+    Args:
+        pairs: At least one pair; two at different ``T`` identify both terms.
+
+    Returns:
+        ``(c, e)``: bytes (or another unit) per utterance per label, and per step and label.
+
+    Raises:
+        ValueError: Without pairs, or on a pair whose label lengths are equal.
+    """
+    if not pairs:
+        raise ValueError("label_slopes needs at least one pair of traces.")
+    points = []
+    for b, t, u_hi, y_hi, u_lo, y_lo in pairs:
+        if u_hi == u_lo:
+            raise ValueError(f"label_slopes: the pair at B={b}, T={t} has equal labels ({u_hi}).")
+        points.append((float(t), (y_hi - y_lo) / (b * (u_hi - u_lo))))
+    points = [(t, max(0.0, s)) for t, s in points]
+    if len({t for t, _ in points}) < 2:
+        return min(s for _, s in points), 0.0
+    (t1, s1), (t2, s2) = sorted(points)[0], sorted(points)[-1]
+    e = (s2 - s1) / (t2 - t1)
+    c = s1 - e * t1
+    if e < 0:
+        return min(s for _, s in points), 0.0
+    if c < 0:
+        return 0.0, min(s / t for t, s in points)
+    return c, e
+
+
+def with_label_terms(model: PeakModel, labels_per_step: float, c: float, e: float) -> PeakModel:
+    """``model`` with label terms ``c``, ``e``, unchanged on the line ``U = r T``.
+
+    ``model`` was fitted on shapes with ``U = r T`` (``r = labels_per_step``), where its
+    label and length columns cannot be told apart. The returned model predicts the same
+    there and moves off the line with the measured slopes: per utterance,
+    ``(c + e T) (U - r T)`` more (or less, below the line).
+    """
+    r = float(labels_per_step)
+    return PeakModel(
+        c0_bytes=model.c0_bytes,
+        a_bytes_per_step=model.a_bytes_per_step + r * (model.c_bytes_per_label - c),
+        b_bytes_per_step2=model.b_bytes_per_step2 + r * (model.e_bytes_per_step_label - e),
+        c_bytes_per_label=c,
+        d_bytes_per_utterance=model.d_bytes_per_utterance,
+        e_bytes_per_step_label=e,
+        points=model.points,
+        max_relative_residual=model.max_relative_residual,
+    )

@@ -286,6 +286,23 @@ def step_seconds(cost: StepCost, rates: DeviceRates) -> float:
     return max(device, host)
 
 
+def step_seconds_parts(cost: StepCost, rates: DeviceRates) -> tuple[float, float | None, float]:
+    """``(fixed, host or None, arithmetic)`` seconds of the kernels in ``cost``.
+
+    ``fixed`` is the per-kernel cost on the device's critical path (a GPU's launch gaps, a
+    CPU's per-op cost), ``host`` a GPU's host-side per-kernel cost (None on a CPU) and
+    ``arithmetic`` the roofline part. :func:`step_seconds` is ``fixed + arithmetic`` on a
+    CPU and ``max(fixed + arithmetic, host)`` on a GPU. The per-kernel parts do not grow
+    with the batch; the arithmetic does.
+    """
+    arithmetic = arithmetic_seconds(cost, rates)
+    if not rates.asynchronous:
+        return sum(_host_seconds(r, rates) * r[6] for r in cost.rows), None, arithmetic
+    fixed = sum(_kernels(r[5], rates) * rates.kernel_seconds * r[6] for r in cost.rows)
+    host = sum(_host_seconds(r, rates) * r[6] for r in cost.rows)
+    return fixed, host, arithmetic
+
+
 def seconds_by_kind(cost: StepCost, rates: DeviceRates) -> dict[str, float]:
     """Predicted seconds per op kind (see :data:`KINDS`), largest first."""
     out: dict[str, float] = {}

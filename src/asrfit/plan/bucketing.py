@@ -47,7 +47,63 @@ def _step_seconds(costs: SetupCosts, hardware: Any, b: int, t: int, u: int) -> f
     return costs.flops.predict(b, t, u) / (peak * 1e12 * MFU[costs.setup.precision])
 
 
-def _plan_buckets(
+BucketResult = tuple[list[Bucket], float, float]
+"""A bucketing: (buckets, predicted throughput in audio s/s, predicted epoch seconds)."""
+
+
+def bin_bucket(
+    costs: SetupCosts,
+    hardware: Any,
+    seconds: tuple[float, float],
+    labels: tuple[int, int],
+    members: np.ndarray,
+    usable: int,
+    rate: float,
+    batch_cap: int | None,
+    utterances: float,
+    fraction: float,
+) -> tuple[Bucket, float, float] | None:
+    """One bucket: its largest batch, and the audio and wall seconds of its utterances.
+
+    Args:
+        costs: The setup's costs.
+        hardware: The hardware profile (for the step-time model's rates).
+        seconds: The duration range ``(min, max]``.
+        labels: The label range ``(min, max]`` (min 0 for duration buckets).
+        members: Durations of the sampled utterances in the bucket.
+        usable: Usable bytes per device.
+        rate: Model-input steps per audio second.
+        batch_cap: Largest batch wanted, or None.
+        utterances: Utterances of the dataset in the bucket.
+        fraction: Their share of the dataset.
+
+    Returns:
+        ``(bucket, audio seconds, wall seconds)``, or None when not one utterance fits.
+    """
+    t = max(1, round(seconds[1] * rate))
+    u = labels[1]
+    b = costs.max_batch(usable, t, u)
+    if b == 0:
+        return None
+    if batch_cap is not None:
+        b = min(b, batch_cap)
+    step = _step_seconds(costs, hardware, b, t, u)
+    mean = float(members.mean())
+    bucket = Bucket(
+        min_seconds=seconds[0],
+        max_seconds=seconds[1],
+        batch_size=b,
+        max_input_length=t,
+        max_label_length=u,
+        min_label_length=labels[0],
+        predicted_peak_bytes=costs.reserved_bytes(b, t, u),
+        utterance_fraction=fraction,
+        throughput_seconds_per_second=mean * b / step if step > 0 else 0.0,
+    )
+    return bucket, mean * utterances, (utterances / b) * step
+
+
+def plan_buckets(
     costs: SetupCosts,
     hardware: Any,
     durations: np.ndarray,
@@ -57,46 +113,38 @@ def _plan_buckets(
     max_seconds: float,
     batch_cap: int | None,
     num_utterances: int,
-) -> tuple[list[Bucket], float, float] | None:
-    """Best bucketing for a setup: (buckets, throughput, epoch seconds), or None if nothing fits."""
-    best: tuple[list[Bucket], float, float] | None = None
+) -> BucketResult | None:
+    """Best duration bucketing for a setup: (buckets, throughput, epoch seconds), or None if nothing fits."""
+    best: BucketResult | None = None
     kept = durations[durations <= max_seconds]
     if kept.size == 0:
         return None
     for count in BUCKET_COUNTS:
-        edges = _bucket_edges(durations, count, max_seconds)
         buckets, lo, total_audio, total_time = [], 0.0, 0.0, 0.0
         ok = True
-        for edge in edges:
+        for edge in _bucket_edges(durations, count, max_seconds):
             inside = kept[(kept > lo) & (kept <= edge)] if lo > 0 else kept[kept <= edge]
             if inside.size == 0:
                 continue
-            t = max(1, round(edge * rate))
             u = max(1, math.ceil(edge * labels_per_second))
-            b = costs.max_batch(usable, t, u)
-            if b == 0:
+            made = bin_bucket(
+                costs,
+                hardware,
+                (lo, edge),
+                (0, u),
+                inside,
+                usable,
+                rate,
+                batch_cap,
+                inside.size / kept.size * num_utterances,
+                inside.size / kept.size,
+            )
+            if made is None:
                 ok = False
                 break
-            if batch_cap is not None:
-                b = min(b, batch_cap)
-            n = inside.size / kept.size * num_utterances
-            step = _step_seconds(costs, hardware, b, t, u)
-            audio, seconds = float(inside.mean()) * n, (n / b) * step
+            bucket, audio, seconds = made
+            buckets.append(bucket)
             total_audio, total_time = total_audio + audio, total_time + seconds
-            buckets.append(
-                Bucket(
-                    min_seconds=lo,
-                    max_seconds=edge,
-                    batch_size=b,
-                    max_input_length=t,
-                    max_label_length=u,
-                    predicted_peak_bytes=costs.reserved_bytes(b, t, u),
-                    utterance_fraction=inside.size / kept.size,
-                    throughput_seconds_per_second=float(inside.mean()) * b / step
-                    if step > 0
-                    else 0.0,
-                )
-            )
             lo = edge
         if not ok or not buckets or total_time <= 0:
             continue

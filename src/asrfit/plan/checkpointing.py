@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from asrfit.errors import ConfigError
-from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.costmodel import PeakModel, lerp_models
 from asrfit.memory.setup import Setup
 from asrfit.models.checkpointing import encoder_layer_count
 from asrfit.plan.costs import SetupCosts
@@ -54,19 +54,6 @@ def encoder_layers_of(adapter: Any) -> int:
         return 0
 
 
-def _lerp(a: PeakModel, b: PeakModel, w: float) -> PeakModel:
-    def mix(name: str) -> float:
-        return (1 - w) * getattr(a, name) + w * getattr(b, name)
-
-    return PeakModel(
-        c0_bytes=mix("c0_bytes"),
-        a_bytes_per_step=mix("a_bytes_per_step"),
-        b_bytes_per_step2=mix("b_bytes_per_step2"),
-        c_bytes_per_label=mix("c_bytes_per_label"),
-        d_bytes_per_utterance=mix("d_bytes_per_utterance"),
-    )
-
-
 class _LineOrFloor:
     """``max(off + k * (one - off), floor)`` per shape: a memory model for k layers."""
 
@@ -88,13 +75,12 @@ def interpolated_costs(
         full,
         setup=replace(off.setup, checkpoint_layers=k),
         memory=_LineOrFloor(off.memory, one.memory, full.memory, k),  # type: ignore[arg-type]
-        flops=_lerp(off.flops, full.flops, k / layers),
+        flops=lerp_models(off.flops, full.flops, k / layers),
         time_points=[],
     )
     if rates is not None:
-        fit_off, opt = step_time_fit(off, rates)
-        fit_full, _ = step_time_fit(full, rates)
-        set_step_time_fit(costs, rates, _lerp(fit_off, fit_full, k / layers), opt)
+        fit = step_time_fit(off, rates).lerp(step_time_fit(full, rates), k / layers)
+        set_step_time_fit(costs, rates, fit)
     return costs
 
 

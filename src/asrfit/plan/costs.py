@@ -190,6 +190,35 @@ class CostEstimator:
             self._fits[key] = (memory, fit_peak_model(flop_points))
         return self._fits[key]
 
+    def label_pairs(
+        self, setup: Setup, max_input_length: int, labels_per_step: float, low: float
+    ) -> list[tuple[BatchShape, StepMemory, BatchShape, StepMemory]]:
+        """Traces that differ in labels alone, for the label terms of two-dimensional buckets.
+
+        Two pairs, at batch 1 of the longest input and batch 2 of half of it (both shapes of
+        the coarse fit, so two new traces): labels on the fit's line ``U = r T`` and
+        ``low`` times that. Same base setup as the activation fit (step 1, SGD).
+        """
+        base = Setup(
+            precision=setup.precision,
+            gradient_checkpointing=setup.gradient_checkpointing,
+            checkpoint_layers=setup.checkpoint_layers,
+            optimizer=OptimizerKind.SGD,
+            freeze_feature_encoder=setup.freeze_feature_encoder,
+        )
+        pairs = []
+        for b, t in ((1, max_input_length), (2, max_input_length // 2)):
+            t = max(t, self.min_input_length)
+            u_hi = max(1, round(t * labels_per_step))
+            u_lo = max(1, round(u_hi * low))
+            if u_lo >= u_hi:
+                continue
+            hi, lo = BatchShape(b, t, u_hi), BatchShape(b, t, u_lo)
+            pairs.append(
+                (hi, self._simulate(hi, base, "activations"), lo, self._simulate(lo, base, "labels"))
+            )
+        return pairs
+
     def _optimizer_trace(self, setup: Setup) -> StepMemory:
         key = (setup.precision, setup.optimizer, setup.freeze_feature_encoder)
         if key not in self._optimizer:

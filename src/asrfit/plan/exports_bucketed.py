@@ -102,9 +102,15 @@ def export_nemo(plan: Plan) -> dict[str, Any]:
     model config (``OmegaConf.merge``); lhotse shards the data itself, hence
     ``use_distributed_sampler: false``, and since its stream is unbounded set
     ``trainer.max_steps`` yourself. The fields are NeMo 2.x's ``LhotseDataLoadingConfig``
-    ones; 2-D (duration x tokens) bucketing is not planned, so ``bucketing_2d_strict_mode`` is
-    off, and ``shard_seed: "randomized"`` gives each rank its own order (lhotse's advice for
+    ones, and ``shard_seed: "randomized"`` gives each rank its own order (lhotse's advice for
     DDP with an infinite stream).
+
+    A two-dimensional plan (``plan.bucketing == "2d"``) exports ``bucket_duration_bins`` as
+    ``[seconds, tokens]`` pairs, NeMo's 2-D bucketing, with ``bucketing_2d_strict_mode``
+    off: a cut with more tokens than its duration range's last edge is moved to a later
+    range that holds it (NeMo drops it when none does). The token edges are the plan's label
+    lengths: characters for character vocabularies, characters / 4 for subword ones, so for
+    a subword model check them against your tokenizer.
     """
     setup = plan.setup
     if plan.data.long_utterances == "chunk" and plan.data.long_utterance_fraction > 0:
@@ -163,12 +169,21 @@ def export_lhotse(plan: Plan) -> dict[str, Any]:
     Filter out cuts above the largest edge first (lhotse's constraint rejects them). For the
     byte budget instead of fixed sizes use :class:`asrfit.data.lhotse.LhotseBytesConstraint`.
     Accumulate the plan's ``gradient_accumulation_steps`` micro-batches per step.
+
+    A two-dimensional plan's bins are ``[seconds, labels]`` pairs, which lhotse's own
+    ``FixedBucketBatchSizeConstraint`` cannot select by; ``constraint`` then holds the
+    arguments of NeMo's ``FixedBucketBatchSizeConstraint2D`` (``strict_2d`` off), or use
+    ``LhotseBytesConstraint(plan)`` with these ``duration_bins``, which picks each cut's
+    bucket by its duration and transcript.
     """
+    constraint: dict[str, Any] = {
+        "max_seq_len_buckets": list(plan.bucket_duration_bins),
+        "batch_sizes": list(plan.bucket_batch_sizes),
+    }
+    if plan.is_two_dimensional:
+        constraint["strict_2d"] = False
     return {
-        "constraint": {
-            "max_seq_len_buckets": list(plan.bucket_duration_bins),
-            "batch_sizes": list(plan.bucket_batch_sizes),
-        },
+        "constraint": constraint,
         "duration_bins": list(plan.bucket_duration_bins),
         "num_buckets": len(plan.buckets),
         "buffer_size": _bucket_buffer_size(plan),

@@ -25,17 +25,25 @@ _TARGET_UTTERANCES = re.compile(r"^\s*(\d+)\s+utterances?\s*$")
 
 @dataclass
 class Bucket(JsonDataclass):
-    """A duration range and the largest batch of it that fits.
+    """A duration range (and, in two-dimensional plans, a label range) and the largest batch that fits.
+
+    A plan's buckets are one-dimensional (duration ranges; every ``min_label_length`` is 0)
+    or two-dimensional: each duration range split into label ranges
+    ``(min_label_length, max_label_length]``, the last one open above (a longer transcript
+    goes there, and the byte budget, not the bucket's label edge, sizes its batch).
 
     Attributes:
         min_seconds: Shortest utterance of the bucket (exclusive, except for the first).
         max_seconds: Longest utterance (inclusive); every batch is padded to at most this.
         batch_size: Largest micro-batch whose predicted peak fits usable memory.
         max_input_length: ``max_seconds`` in model-input units (samples or feature frames).
-        max_label_length: Longest label the limit was computed for.
+        max_label_length: Longest label the limit was computed for (the label range's
+            upper edge in a two-dimensional plan).
         predicted_peak_bytes: Predicted reserved bytes of a full batch of this bucket.
         utterance_fraction: Share of the dataset's utterances in this bucket.
         throughput_seconds_per_second: Predicted audio seconds trained per wall second here.
+        min_label_length: Labels above which an utterance of this duration range belongs
+            here (exclusive; 0 for the first label range and in one-dimensional plans).
     """
 
     min_seconds: float
@@ -46,6 +54,7 @@ class Bucket(JsonDataclass):
     predicted_peak_bytes: int
     utterance_fraction: float
     throughput_seconds_per_second: float
+    min_label_length: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_seconds < self.max_seconds:
@@ -55,6 +64,11 @@ class Bucket(JsonDataclass):
         if self.batch_size < 1:
             raise ConfigError(
                 f"Bucket {self.max_seconds:g} s: batch_size={self.batch_size} must be at least 1."
+            )
+        if not 0 <= self.min_label_length < self.max_label_length:
+            raise ConfigError(
+                f"Bucket {self.max_seconds:g} s: min_label_length={self.min_label_length} must be "
+                f">= 0 and below max_label_length={self.max_label_length}."
             )
 
 
@@ -119,6 +133,9 @@ class Plan(JsonDataclass):
             :mod:`asrfit.plan.fingerprint`), checked when a run loads the plan.
         checkpointing_reason: Why the setup checkpoints the layers it does, when it
             checkpoints only some (:mod:`asrfit.plan.checkpointing`); empty otherwise.
+        bucketing: ``"1d"`` (duration buckets) or ``"2d"`` (duration x label buckets,
+            :mod:`asrfit.plan.label_buckets`).
+        bucketing_reason: Why the plan buckets as it does (predicted throughput of both).
         format_version: The file format (:data:`PLAN_FORMAT_VERSION`); written first.
     """
 
@@ -148,6 +165,8 @@ class Plan(JsonDataclass):
     num_nodes: int = 1
     fingerprints: dict[str, str] = field(default_factory=dict)
     checkpointing_reason: str = ""
+    bucketing: str = "1d"
+    bucketing_reason: str = ""
     format_version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -157,6 +176,9 @@ class Plan(JsonDataclass):
         edges = [b.max_seconds for b in self.buckets]
         if edges != sorted(edges):
             raise ConfigError(f"Plan.buckets: max_seconds must increase, got {edges}.")
+        if self.bucketing not in ("1d", "2d"):
+            raise ConfigError(f"Plan.bucketing={self.bucketing!r}: use '1d' or '2d'.")
+        _check_label_ranges(self.buckets, self.bucketing)
         if self.num_nodes < 1 or self.setup.world_size % self.num_nodes:
             raise ConfigError(
                 f"Plan.num_nodes={self.num_nodes}: use 1 or more nodes that divide "
@@ -224,9 +246,52 @@ class Plan(JsonDataclass):
         return max(1, math.floor(self.target_batch_utterances / per_step + 0.5))
 
     @property
-    def bucket_duration_bins(self) -> list[float]:
-        """Upper edges of the buckets in seconds (NeMo's ``bucket_duration_bins``)."""
+    def is_two_dimensional(self) -> bool:
+        """Whether the buckets split each duration range by label length."""
+        return self.bucketing == "2d"
+
+    @property
+    def bucket_duration_bins(self) -> list[float] | list[list[float]]:
+        """NeMo's ``bucket_duration_bins``: upper edges in seconds, one per bucket.
+
+        In a two-dimensional plan, ``[seconds, labels]`` pairs (NeMo's and lhotse's 2-D form,
+        sorted as the buckets are).
+        """
+        if self.is_two_dimensional:
+            return [[b.max_seconds, b.max_label_length] for b in self.buckets]
         return [b.max_seconds for b in self.buckets]
+
+    def duration_limits(self) -> tuple[list[float], list[int]]:
+        """``(duration edges, batch limits)``, one per duration range.
+
+        In a two-dimensional plan each duration range keeps its smallest label range's limit
+        (the one for its longest transcripts): a duration-only sampler stays within memory.
+        """
+        edges: list[float] = []
+        sizes: list[int] = []
+        for b in self.buckets:
+            if edges and edges[-1] == b.max_seconds:
+                sizes[-1] = min(sizes[-1], b.batch_size)
+            else:
+                edges.append(b.max_seconds)
+                sizes.append(b.batch_size)
+        return edges, sizes
+
+    def bucket_index(self, seconds: float, labels: int | None = None) -> int | None:
+        """Index of the bucket an utterance belongs to, or None above the largest duration.
+
+        The first duration range whose edge is at least ``seconds``; in a two-dimensional plan,
+        within it the first label range whose edge is at least ``labels`` (the last range when
+        ``labels`` is longer than every edge, or unknown).
+        """
+        group = [k for k, b in enumerate(self.buckets) if seconds <= b.max_seconds]
+        if not group:
+            return None
+        first = self.buckets[group[0]].max_seconds
+        same = [k for k in group if self.buckets[k].max_seconds == first]
+        if labels is None:
+            return same[-1]
+        return next((k for k in same if labels <= self.buckets[k].max_label_length), same[-1])
 
     @property
     def bucket_batch_sizes(self) -> list[int]:
@@ -262,12 +327,10 @@ class Plan(JsonDataclass):
         """Model-input length of ``seconds`` of audio."""
         return max(1, round(seconds * self.input_frames_per_second))
 
-    def bucket_for(self, seconds: float) -> Bucket | None:
-        """The bucket an utterance of ``seconds`` falls in, or None above the largest."""
-        for b in self.buckets:
-            if seconds <= b.max_seconds:
-                return b
-        return None
+    def bucket_for(self, seconds: float, labels: int | None = None) -> Bucket | None:
+        """The bucket an utterance falls in (:meth:`bucket_index`), or None above the largest."""
+        k = self.bucket_index(seconds, labels)
+        return None if k is None else self.buckets[k]
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """Readable ``(label, value)`` rows for a table."""
@@ -278,7 +341,8 @@ class Plan(JsonDataclass):
             ("Usable memory", f"{self.usable_bytes / gib:.2f} GiB per GPU"),
             (
                 "Buckets",
-                f"{len(self.buckets)} ({self.buckets[0].max_seconds:g}-{self.buckets[-1].max_seconds:g} s)",
+                f"{len(self.buckets)} ({self.buckets[0].max_seconds:g}-{self.buckets[-1].max_seconds:g} s"
+                + (", by duration x labels)" if self.is_two_dimensional else ")"),
             ),
             ("Gradient accumulation", f"{self.gradient_accumulation_steps} micro-batches per step"),
             (
@@ -293,6 +357,8 @@ class Plan(JsonDataclass):
             ("Predicted epoch", duration_words(self.predicted_epoch_seconds)),
             ("Data", ", ".join(self.data.reasons)),
         ]
+        if self.bucketing_reason:
+            rows.append(("Bucketing", self.bucketing_reason))
         rows += [("Warning", w) for w in self.warnings]
         return rows
 
@@ -302,9 +368,14 @@ class Plan(JsonDataclass):
         out = []
         for b in self.buckets:
             headroom = (self.usable_bytes - b.predicted_peak_bytes) / gib
+            labels = (
+                f", {b.min_label_length}-{b.max_label_length} labels"
+                if self.is_two_dimensional
+                else ""
+            )
             out.append(
                 (
-                    f"{b.min_seconds:.1f}-{b.max_seconds:.1f} s",
+                    f"{b.min_seconds:.1f}-{b.max_seconds:.1f} s{labels}",
                     str(b.batch_size),
                     f"{b.predicted_peak_bytes / gib:.2f} GiB",
                     f"{headroom:.2f} GiB",
@@ -312,6 +383,35 @@ class Plan(JsonDataclass):
                 )
             )
         return out
+
+
+def _check_label_ranges(buckets: list[Bucket], bucketing: str) -> None:
+    """One-dimensional: no label ranges. Two-dimensional: contiguous label ranges per duration."""
+    if bucketing == "1d":
+        bad = [b for b in buckets if b.min_label_length]
+        if bad:
+            raise ConfigError(
+                f"Plan.buckets: bucket {bad[0].max_seconds:g} s has min_label_length="
+                f"{bad[0].min_label_length} in a '1d' plan; set bucketing to '2d' or drop it."
+            )
+        if len({b.max_seconds for b in buckets}) != len(buckets):
+            raise ConfigError(
+                "Plan.buckets: duration edges repeat in a '1d' plan; use bucketing '2d'."
+            )
+        return
+    previous: Bucket | None = None
+    for b in buckets:
+        same = previous is not None and previous.max_seconds == b.max_seconds
+        want = previous.max_label_length if same and previous is not None else 0
+        if b.min_label_length != want or (
+            same and previous is not None and previous.min_seconds != b.min_seconds
+        ):
+            raise ConfigError(
+                f"Plan.buckets: bucket {b.min_seconds:g}-{b.max_seconds:g} s, labels "
+                f"{b.min_label_length}-{b.max_label_length}: label ranges of one duration range must "
+                f"start at 0 and follow each other (expected min_label_length={want})."
+            )
+        previous = b
 
 
 def duration_words(seconds: float) -> str:

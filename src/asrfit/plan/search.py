@@ -34,7 +34,7 @@ from asrfit.memory.adapters import SUPPORTED_FAMILIES
 from asrfit.memory.allocator import CUDA_CONTEXT_BYTES
 from asrfit.memory.report import CHAR_LABELS_PER_SECOND, resolve_adapter
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
-from asrfit.plan.bucketing import _plan_buckets
+from asrfit.plan.bucketing import plan_buckets
 from asrfit.plan.checkpointing import MAX_LAYER_EVALUATIONS, choose_layers, encoder_layers_of
 from asrfit.plan.costs import (
     COARSE_TRACES,
@@ -46,6 +46,7 @@ from asrfit.plan.costs import (
 from asrfit.plan.data_checks import data_warnings
 from asrfit.plan.explain import shortfall_warning
 from asrfit.plan.fingerprint import fingerprints
+from asrfit.plan.label_buckets import LABEL_PROBE_LOW, LABEL_TRACES, choose_bucketing
 from asrfit.plan.long_audio import long_audio_cap_from_profile
 from asrfit.plan.margin import applied_margin
 from asrfit.plan.plan import Bucket, DataDecisions, Plan
@@ -213,6 +214,7 @@ def plan(
     loader_audio_seconds_per_second: float | None = None,
     exhaustive: bool = False,
     progress: TraceProgress | None = None,
+    bucketing: str = "auto",
 ) -> Plan:
     """Choose the fastest setup that fits, with per-bucket batch limits and accumulation.
 
@@ -239,6 +241,10 @@ def plan(
             checking the screen. (Default: False)
         progress: Shows each new simulation and at most how many remain
             (:meth:`asrfit.plan.progress.TraceProgress.for_terminal`). (Default: None)
+        bucketing: ``"auto"`` (duration x label buckets when predicted faster, two more
+            traces), ``"1d"`` (duration buckets) or ``"2d"`` (label ranges whenever the
+            profile pairs durations with transcripts) (:mod:`asrfit.plan.label_buckets`).
+            (Default: "auto")
 
     Returns:
         The plan.
@@ -254,6 +260,8 @@ def plan(
         raise ConfigError(f"target_hours={target_hours}: must be positive.")
     if target_effective_batch is not None and target_effective_batch < 1:
         raise ConfigError(f"target_effective_batch={target_effective_batch}: must be at least 1.")
+    if bucketing not in ("auto", "1d", "2d"):
+        raise ConfigError(f"bucketing={bucketing!r}: use 'auto', '1d' or '2d'.")
     check_precision(precision, hardware)
     world = world_size or max(1, hardware.num_gpus)
     adapter, profile = resolve_adapter(model, freeze_feature_encoder=freeze_feature_encoder)
@@ -280,7 +288,11 @@ def plan(
         if chars.size
         else CHAR_LABELS_PER_SECOND
     )
-    labels_per_second = cps if (profile.vocab_size or 0) <= 64 else cps / CHARS_PER_SUBWORD
+    subword = (profile.vocab_size or 0) > 64
+    labels_per_second = cps / CHARS_PER_SUBWORD if subword else cps
+    paired = None  # label lengths paired with the sampled durations, for 2-D buckets
+    if dataset.text_chars_sample and len(dataset.text_chars_sample) == durations.size:
+        paired = np.ceil(chars / CHARS_PER_SUBWORD) if subword else chars
     usable, margin_reason = applied_margin(int(hardware.usable_bytes), hardware.safety_margin)
     if hardware.num_gpus == 0:
         usable = max(
@@ -306,7 +318,7 @@ def plan(
         )
         costs.expandable_segments = expandable_segments
         args = (durations, usable, rate, labels_per_second, edge_max, batch_cap)
-        return costs, _plan_buckets(costs, hardware, *args, dataset.num_utterances)
+        return costs, plan_buckets(costs, hardware, *args, dataset.num_utterances)
 
     candidates: list[_Candidate] = []
     tried: list[str] = []
@@ -314,6 +326,7 @@ def plan(
     estimator.progress = progress
     if progress is not None:
         progress.frames_per_second = rate
+        progress.expect(0 if bucketing == "1d" else LABEL_TRACES)
     skip = (lambda: progress.skip(MAX_REFINE_TRACES)) if progress is not None else None
     for offload in (False, True):
         setups = candidate_setups(hardware, precision, world, freeze_feature_encoder, offload)
@@ -359,9 +372,9 @@ def plan(
                                              partial.result[1] * world, partial.result[2] / world))
         if candidates:
             break
-    if progress is not None:
-        progress.close()
     if not candidates:
+        if progress is not None:
+            progress.close()
         raise PlanError(
             f"{adapter.name} does not fit {usable / 2**30:.2f} GiB usable on {world} x "
             f"{hardware.spec.name if hardware.spec else hardware.source} even at batch 1 of {edge_max:g} s. Tried:\n  "
@@ -377,6 +390,15 @@ def plan(
     candidates.sort(key=lambda c: -c.throughput)
     best = candidates[0]
     setup = best.costs.setup
+    chosen_costs, chosen, dims, bucketing_reason = choose_bucketing(
+        best.costs, (best.buckets, best.throughput / world, best.epoch_seconds * world),
+        estimator, hardware, durations, paired, usable, rate, labels_per_second, edge_max,
+        batch_cap, dataset.num_utterances, bucketing,
+    )
+    if progress is not None:
+        progress.close()
+    if dims == "2d":
+        best = _Candidate(chosen_costs, chosen[0], chosen[1] * world, chosen[2] / world)
     accum, eff_utts, eff_hours, warnings = _accumulation(
         best.buckets, world, target_effective_batch, target_hours
     )
@@ -395,6 +417,12 @@ def plan(
         f"labels: {labels_per_second:.1f} per second (95th percentile of the dataset's transcripts)",
         margin_reason,
     ]
+    if dims == "2d":
+        rests_on.append(
+            "label ranges: memory, FLOPs and step time moved off labels = "
+            f"{labels_per_second:.1f}/s x duration by two traces at {LABEL_PROBE_LOW:g} of those "
+            "labels (asrfit.plan.label_buckets)"
+        )
     if setup.zero_stage or world > 1:
         rests_on.append("ZeRO / DDP model states by formula (asrfit.memory.zero)")
     logger.info(
@@ -431,6 +459,8 @@ def plan(
         rests_on=rests_on,
         rejected=tried,
         checkpointing_reason=ckpt_reasons.get(setup, ""),
+        bucketing=dims,
+        bucketing_reason=bucketing_reason,
         num_nodes=num_nodes,
         fingerprints=fingerprints(hardware, dataset, profile),
     )

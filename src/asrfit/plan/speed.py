@@ -3,41 +3,118 @@
 The planner traces a few shapes per setup (:mod:`asrfit.plan.costs`); each trace carries
 the FLOPs and bytes of every kernel (:class:`asrfit.memory.runtime.StepCost`). For a
 device's rates, each traced shape's forward + backward seconds come from the per-op
-roofline (:func:`asrfit.memory.runtime.step_seconds`), and ``c0 + B * (d + a T + b T^2 +
-c U)`` is fitted to them (the per-kernel costs are the batch-independent ``c0``), as the
-memory model is. The optimizer step (and ``zero_grad``) does not depend on the batch and
-is added once per step.
+roofline (:func:`asrfit.memory.runtime.step_seconds`), split into per-kernel costs, which
+depend on the shape but not on the batch, and arithmetic, which grows with it; each part is
+fitted over the traced shapes (:class:`StepTimeFit`). The optimizer step (and
+``zero_grad``) does not depend on the batch and is added once per step.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from asrfit.memory.costmodel import PeakModel, fit_peak_model
-from asrfit.memory.runtime import step_seconds
+from asrfit.memory.costmodel import PeakModel, fit_peak_model, lerp_models
+from asrfit.memory.runtime import step_seconds, step_seconds_parts
 from asrfit.profiles.rates import DeviceRates
 
 _NS = 1e9
 
 
-def _fit(costs: Any, rates: DeviceRates) -> tuple[PeakModel, float]:
+@dataclass
+class StepTimeFit:
+    """Forward + backward seconds at ``(B, T, U)``: per-kernel costs plus arithmetic.
+
+    A step's kernel count does not grow with the batch (a transducer loss's loop over frames
+    and labels launches the same kernels for one utterance or a hundred), while each
+    kernel's arithmetic and memory traffic does. So the two are fitted apart, each to its
+    own exact values at the traced shapes (:mod:`asrfit.memory.runtime`): ``fixed`` and
+    ``host`` as functions of ``(T, U)`` alone (evaluated at ``B = 1``), ``arithmetic`` as
+    ``c0 + B (d + a T + b T^2 + c U)``, all in nanoseconds. A CPU runs them one after the
+    other (``fixed + arithmetic``); a GPU's device time (launch gaps + arithmetic) overlaps
+    the host's queueing, and the step takes the longer.
+
+    Attributes:
+        fixed: Per-kernel device-side costs (a GPU's launch gaps; a CPU's per-op cost).
+        host: Per-kernel host costs while a GPU computes, or None on a CPU.
+        arithmetic: Roofline seconds of the kernels' FLOPs and bytes.
+        optimizer_seconds: The optimizer step and ``zero_grad`` (batch-independent).
+        max_relative_residual: Largest |fit - roofline| / roofline over the traced shapes.
+    """
+
+    fixed: PeakModel
+    host: PeakModel | None
+    arithmetic: PeakModel
+    optimizer_seconds: float
+    max_relative_residual: float = 0.0
+
+    def forward_backward_seconds(
+        self, batch_size: int, input_length: int, label_length: int
+    ) -> float:
+        """Predicted seconds of forward and backward (no optimizer step)."""
+        device = self.fixed.predict(1, input_length, label_length) + self.arithmetic.predict(
+            batch_size, input_length, label_length
+        )
+        if self.host is not None:
+            device = max(device, self.host.predict(1, input_length, label_length))
+        return device / _NS
+
+    def seconds(self, batch_size: int, input_length: int, label_length: int) -> float:
+        """Predicted seconds of one step (forward, backward and the optimizer)."""
+        return self.forward_backward_seconds(batch_size, input_length, label_length) + (
+            self.optimizer_seconds
+        )
+
+    def lerp(self, other: StepTimeFit, weight: float) -> StepTimeFit:
+        """``(1 - weight) x self + weight x other``, part by part."""
+        host = (
+            lerp_models(self.host, other.host, weight)
+            if self.host is not None and other.host is not None
+            else None
+        )
+        return StepTimeFit(
+            fixed=lerp_models(self.fixed, other.fixed, weight),
+            host=host,
+            arithmetic=lerp_models(self.arithmetic, other.arithmetic, weight),
+            optimizer_seconds=self.optimizer_seconds,
+        )
+
+
+def _fit_fixed(points: list[tuple[int, int, float]]) -> PeakModel:
+    """A batch-independent part: the points' values as a function of (T, U), at ``B = 1``."""
+    return fit_peak_model([(1, t, u, max(1, round(v))) for t, u, v in points])
+
+
+def _fit(costs: Any, rates: DeviceRates) -> StepTimeFit:
     cache = costs.__dict__.setdefault("_speed_fits", {})
     key = rates.to_json()
     if key not in cache:
-        points = [
-            (b, t, u, max(1, round(step_seconds(cost, rates) * _NS)))
-            for b, t, u, cost in costs.time_points
-        ]
-        if len(points) < 4:
+        if len(costs.time_points) < 4:
             raise ValueError(
-                f"{costs.setup.describe()}: {len(points)} traced shapes carry kernel counts; "
-                "the step-time fit needs 4 (clear the simulation cache if it predates them)."
+                f"{costs.setup.describe()}: {len(costs.time_points)} traced shapes carry kernel "
+                "counts; the step-time fit needs 4 (clear the simulation cache if it predates them)."
             )
+        parts = [(b, t, u, step_seconds_parts(cost, rates)) for b, t, u, cost in costs.time_points]
         optimizer = (
             step_seconds(costs.optimizer_cost, rates) if costs.optimizer_cost is not None else 0.0
         )
-        cache[key] = (fit_peak_model(points), optimizer)
+        fit = StepTimeFit(
+            fixed=_fit_fixed([(t, u, p[0] * _NS) for _, t, u, p in parts]),
+            host=_fit_fixed([(t, u, p[1] * _NS) for _, t, u, p in parts if p[1] is not None])
+            if rates.asynchronous
+            else None,
+            arithmetic=fit_peak_model(
+                [(b, t, u, max(1, round(p[2] * _NS))) for b, t, u, p in parts]
+            ),
+            optimizer_seconds=optimizer,
+        )
+        fit.max_relative_residual = max(
+            abs(fit.forward_backward_seconds(b, t, u) - step_seconds(cost, rates))
+            / max(step_seconds(cost, rates), 1e-12)
+            for b, t, u, cost in costs.time_points
+        )
+        cache[key] = fit
     return cache[key]
 
 
@@ -53,23 +130,22 @@ def predict_step_seconds(
         input_length: Padded model-input length.
         label_length: Padded label length.
     """
-    fit, optimizer = _fit(costs, rates)
-    return fit.predict(batch_size, input_length, label_length) / _NS + optimizer
+    return _fit(costs, rates).seconds(batch_size, input_length, label_length)
 
 
-def step_time_fit(costs: Any, rates: DeviceRates) -> tuple[PeakModel, float]:
-    """``(forward + backward nanoseconds as a fit over (B, T, U), optimizer seconds)``."""
+def step_time_fit(costs: Any, rates: DeviceRates) -> StepTimeFit:
+    """The step-time fit of ``costs`` on the device of ``rates`` (made once, then kept)."""
     return _fit(costs, rates)
 
 
-def set_step_time_fit(costs: Any, rates: DeviceRates, fit: PeakModel, optimizer: float) -> None:
+def set_step_time_fit(costs: Any, rates: DeviceRates, fit: StepTimeFit) -> None:
     """Give ``costs`` a step-time fit made elsewhere (an interpolation between two setups)."""
-    costs.__dict__.setdefault("_speed_fits", {})[rates.to_json()] = (fit, optimizer)
+    costs.__dict__.setdefault("_speed_fits", {})[rates.to_json()] = fit
 
 
 def fit_residual(costs: Any, rates: DeviceRates) -> float:
     """Largest relative residual of the step-time fit over the traced shapes."""
-    return _fit(costs, rates)[0].max_relative_residual
+    return _fit(costs, rates).max_relative_residual
 
 
 def loader_workers(

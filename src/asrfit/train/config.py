@@ -278,8 +278,9 @@ class TrainingConfig(JsonDataclass):
             "optim": HF_OPTIMIZERS[setup.optimizer],
             "max_memory_gb": plan.usable_bytes / GIB,
             "adaptive_batching": len(plan.buckets) > 1,
-            "bucket_duration_bins": list(plan.bucket_duration_bins),
-            "bucket_batch_sizes": list(plan.bucket_batch_sizes),
+            # duration ranges only (a 2-D plan's smallest limit per range: safe for any transcript)
+            "bucket_duration_bins": plan.duration_limits()[0],
+            "bucket_batch_sizes": plan.duration_limits()[1],
             "fixed_batch_accumulation_steps": plan.fixed_batch_accumulation_steps(),
         }
         known = {f.name for f in dataclasses.fields(cls)} | {

@@ -157,26 +157,31 @@ def pessimistic_batches(
     if not trained:
         return []
 
-    def bucket_index(seconds: float) -> int | None:
-        if plan is None:
-            return None
-        return next(k for k, b in enumerate(plan.buckets) if seconds <= b.max_seconds)
+    def labels_of(i: int) -> int:
+        if label_lengths is not None:
+            return int(label_lengths[i])
+        assert plan is not None
+        return math.ceil(durations[i] * plan.labels_per_second)  # as the sampler assumes
+
+    index_of = (
+        {i: plan.bucket_index(durations[i], labels_of(i)) for i in trained} if plan is not None else {}
+    )
 
     def members_and_limit(index: int) -> tuple[list[int], int, int | None]:
-        k = bucket_index(durations[index])
         if plan is None:
             assert batch_limit is not None
             return trained, batch_limit(durations[index]), None
-        low = plan.buckets[k].min_seconds if k else -math.inf
-        members = [i for i in trained if low < durations[i] <= plan.buckets[k].max_seconds]
+        k = index_of[index]
+        assert k is not None
+        members = [i for i in trained if index_of[i] == k]
         return members, plan.buckets[k].batch_size, k
 
     candidates: list[tuple[str, int]] = []
     if plan is not None:
-        occupied = {bucket_index(durations[i]) for i in trained}
+        occupied = set(index_of.values())
         ks = [k for k in range(len(plan.buckets)) if k in occupied]
         worst = max(ks, key=lambda k: (plan.buckets[k].predicted_peak_bytes, k))
-        in_worst = [i for i in trained if bucket_index(durations[i]) == worst]
+        in_worst = [i for i in trained if index_of[i] == worst]
         candidates.append(
             ("largest bucket at its limit", max(in_worst, key=lambda i: durations[i]))
         )

@@ -1,0 +1,317 @@
+"""Two-dimensional buckets (duration x labels), chosen when they train faster than duration buckets.
+
+Where memory grows with the transcript as well as the audio (a transducer's joint network
+of ``B x T x U x V``, an attention decoder and its cross-attention, the CTC lattice), a
+duration bucket must be sized for the long transcripts it may hold, and its utterances with
+short ones waste that room. Splitting each duration range by label length gives those a
+larger batch (NeMo's 2-D bucketing for Canary; its OOMptimizer sizes each bin).
+
+1. The label terms: the setup's memory, FLOPs and step-time fits were made on shapes whose
+   labels grow with their length (``U = r T``), where label and length columns cannot be
+   told apart. Two more traces, at a quarter of the labels of two coarse shapes, measure the
+   slopes (:meth:`asrfit.plan.costs.CostEstimator.label_pairs`,
+   :func:`asrfit.memory.costmodel.label_slopes`); the fits keep their values on the line and
+   move off it by those slopes (:func:`asrfit.memory.costmodel.with_label_terms`). A peak
+   that is the larger of two phases is convex in ``U``, so the chord between the two traces
+   over-predicts between them: bins are never planned below :data:`LABEL_PROBE_LOW` of the
+   line.
+2. The bins: each duration bucket of the one-dimensional search is split at quantiles of its
+   utterances' label lengths (the dataset profile's paired sample), 1 to 4 ranges, the last
+   one's edge the one-dimensional assumption (``labels_per_second`` x the duration edge);
+   each bin gets the largest batch that fits, and the split that trains the bucket's audio
+   fastest wins (a range more must earn 1 %).
+3. The decision: two-dimensional buckets are kept when their predicted throughput beats the
+   duration buckets' (on the same fits) by :data:`MIN_GAIN`; the plan says both figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from asrfit.memory.costmodel import label_slopes, with_label_terms
+from asrfit.memory.runtime import step_seconds_parts
+from asrfit.plan.bucketing import (
+    BUCKET_COUNTS,
+    BucketResult,
+    _bucket_edges,
+    bin_bucket,
+    plan_buckets,
+)
+from asrfit.plan.costs import CostEstimator, SetupCosts
+from asrfit.plan.plan import Bucket
+from asrfit.plan.speed import StepTimeFit, set_step_time_fit, step_time_fit
+from asrfit.profiles.host import device_rates
+
+LABEL_PROBE_LOW = 0.25  # the label traces' share of the line's labels; no bin plans below it
+LABEL_TRACES = 2  # new traces the label terms take (the other two shapes are the coarse fit's)
+LABEL_BIN_COUNTS = (1, 2, 3, 4)
+MIN_GAIN = 0.03  # two-dimensional buckets must train 3 % faster (they complicate exports)
+MIN_PAIRED_UTTERANCES = 20  # paired (duration, transcript) samples needed to split by labels
+MIN_BIN_UTTERANCES = 10  # sampled utterances a label range needs (fewer: its edge is noise)
+MAX_BUCKETS = 48  # buckets of a two-dimensional plan at most (lhotse keeps a queue for each)
+_NS = 1e9
+
+
+def costs_with_labels(
+    costs: SetupCosts,
+    estimator: CostEstimator,
+    max_input_length: int,
+    labels_per_step: float,
+    hardware: Any,
+) -> SetupCosts:
+    """``costs`` whose memory, FLOPs and step-time fits move with labels at fixed length."""
+    pairs = estimator.label_pairs(costs.setup, max_input_length, labels_per_step, LABEL_PROBE_LOW)
+    if not pairs:
+        return costs
+
+    def fwd_bwd(step: Any) -> float:
+        return float(
+            max(step.phase_peaks_bytes.get("forward", 0), step.phase_peaks_bytes.get("backward", 0))
+        )
+
+    def slopes(measure: Any, per_utterance: bool = True) -> tuple[float, float]:
+        return label_slopes(
+            [
+                (
+                    hi.batch_size if per_utterance else 1,
+                    hi.input_length,
+                    hi.label_length,
+                    measure(s_hi),
+                    lo.label_length,
+                    measure(s_lo),
+                )
+                for hi, s_hi, lo, s_lo in pairs
+            ]
+        )
+
+    r = labels_per_step
+    out = dataclasses.replace(
+        costs,
+        memory=with_label_terms(costs.memory, r, *slopes(fwd_bwd)),
+        flops=with_label_terms(costs.flops, r, *slopes(lambda s: float(s.flops))),
+    )
+    rates = device_rates(hardware)
+    if rates is not None:
+        fit = step_time_fit(costs, rates)
+
+        def part(k: int) -> Any:
+            return lambda s: (
+                step_seconds_parts(s.cost.select(("forward", "backward")), rates)[k] * _NS
+            )
+
+        # per-kernel costs move with the labels per batch (a loss's loop over labels), the
+        # arithmetic per utterance
+        set_step_time_fit(
+            out,
+            rates,
+            StepTimeFit(
+                fixed=with_label_terms(fit.fixed, r, *slopes(part(0), per_utterance=False)),
+                host=with_label_terms(fit.host, r, *slopes(part(1), per_utterance=False))
+                if fit.host is not None
+                else None,
+                arithmetic=with_label_terms(fit.arithmetic, r, *slopes(part(2))),
+                optimizer_seconds=fit.optimizer_seconds,
+                max_relative_residual=fit.max_relative_residual,
+            ),
+        )
+    return out
+
+
+def plan_buckets_2d(
+    costs: SetupCosts,
+    hardware: Any,
+    durations: np.ndarray,
+    labels: np.ndarray,
+    usable: int,
+    rate: float,
+    labels_per_second: float,
+    max_seconds: float,
+    batch_cap: int | None,
+    num_utterances: int,
+) -> BucketResult | None:
+    """Best duration x label bins for a setup: (buckets, throughput, epoch seconds), or None.
+
+    Args:
+        costs: The setup's costs with label terms (:func:`costs_with_labels`).
+        hardware: The hardware profile (for the step-time model's rates).
+        durations: The profile's sampled durations, paired with ``labels``.
+        labels: Label lengths of the same utterances (model labels, not characters).
+        usable: Usable bytes per device.
+        rate: Model-input steps per audio second.
+        labels_per_second: The one-dimensional assumption (the top label edge is this x the
+            duration edge).
+        max_seconds: The largest duration edge.
+        batch_cap: Largest batch wanted (the target), or None.
+        num_utterances: Utterances in the whole dataset.
+    """
+    keep = durations <= max_seconds
+    d_all, l_all = durations[keep], labels[keep]
+    if d_all.size == 0:
+        return None
+    best: BucketResult | None = None
+    for count in BUCKET_COUNTS:
+        if count > MAX_BUCKETS // 2:
+            break
+        lo, buckets, total_audio, total_time, ok = 0.0, [], 0.0, 0.0, True
+        for edge in _bucket_edges(durations, count, max_seconds):
+            inside = (d_all > lo) & (d_all <= edge) if lo > 0 else d_all <= edge
+            if not inside.any():
+                continue
+            split = _split_by_labels(
+                costs,
+                hardware,
+                d_all[inside],
+                l_all[inside],
+                (lo, edge),
+                usable,
+                rate,
+                labels_per_second,
+                batch_cap,
+                (num_utterances, d_all.size),
+            )
+            if split is None:
+                ok = False
+                break
+            bins, audio, seconds = split
+            buckets += bins
+            total_audio, total_time = total_audio + audio, total_time + seconds
+            lo = edge
+        if not ok or not buckets or total_time <= 0 or len(buckets) > MAX_BUCKETS:
+            continue
+        throughput = total_audio / total_time
+        if best is None or throughput > best[1] * 1.01:  # a bucket more must earn 1 %
+            best = (buckets, throughput, total_time)
+    return best
+
+
+def _split_by_labels(
+    costs: SetupCosts,
+    hardware: Any,
+    d: np.ndarray,
+    u: np.ndarray,
+    seconds: tuple[float, float],
+    usable: int,
+    rate: float,
+    labels_per_second: float,
+    batch_cap: int | None,
+    counts: tuple[int, int],
+) -> tuple[list[Bucket], float, float] | None:
+    """The fastest split of one duration range into label ranges: (bins, audio, seconds).
+
+    ``counts`` is (utterances in the dataset, utterances in the sample).
+    """
+    total, sampled = counts
+    top = max(1, math.ceil(seconds[1] * labels_per_second))
+    floor = max(1, math.ceil(LABEL_PROBE_LOW * top))
+    best: tuple[list[Bucket], float, float] | None = None
+    for k in LABEL_BIN_COUNTS:
+        if k > 1 and u.size < k * MIN_BIN_UTTERANCES:
+            break
+        cuts = (
+            {int(math.ceil(q)) for q in np.quantile(u, [j / k for j in range(1, k)])}
+            if k > 1
+            else set()
+        )
+        edges = sorted({max(floor, c) for c in cuts if c < top} | {top})
+        ids = np.minimum(np.searchsorted(edges, u, side="left"), len(edges) - 1)
+        used = [j for j in range(len(edges)) if (ids == j).any()]
+        bins, audio, time_total, lo_u = [], 0.0, 0.0, 0
+        for n, j in enumerate(used):
+            members = d[ids == j]
+            hi_u = edges[j] if n < len(used) - 1 else top  # the last range is sized for the top
+            share = members.size / sampled
+            made = bin_bucket(
+                costs,
+                hardware,
+                seconds,
+                (lo_u, hi_u),
+                members,
+                usable,
+                rate,
+                batch_cap,
+                share * total,
+                share,
+            )
+            if made is None:
+                return None
+            bucket, a, s = made
+            bins.append(bucket)
+            audio, time_total, lo_u = audio + a, time_total + s, hi_u
+        if bins and (best is None or time_total < best[2] / 1.01):
+            best = (bins, audio, time_total)
+    return best
+
+
+def choose_bucketing(
+    costs: SetupCosts,
+    one_d: BucketResult,
+    estimator: CostEstimator,
+    hardware: Any,
+    durations: np.ndarray,
+    labels: np.ndarray | None,
+    usable: int,
+    rate: float,
+    labels_per_second: float,
+    max_seconds: float,
+    batch_cap: int | None,
+    num_utterances: int,
+    mode: str = "auto",
+) -> tuple[SetupCosts, BucketResult, str, str]:
+    """``(costs, buckets result, "1d" or "2d", reason)`` for the chosen setup.
+
+    Args:
+        costs: The chosen setup's costs.
+        one_d: Its duration buckets (from :func:`asrfit.plan.bucketing.plan_buckets`).
+        estimator: The cost estimator (traces the label pairs).
+        labels: Label lengths paired with ``durations``, or None when the profile has none.
+        mode: ``"auto"`` (the faster), ``"1d"`` (duration buckets only) or ``"2d"`` (label
+            ranges whenever the profile has paired transcripts).
+        Other arguments as :func:`plan_buckets_2d`.
+    """
+    if mode == "1d":
+        return costs, one_d, "1d", "duration buckets (asked for)"
+    if labels is None or labels.size < MIN_PAIRED_UTTERANCES or labels.size != durations.size:
+        return (
+            costs,
+            one_d,
+            "1d",
+            (
+                "duration buckets: the dataset profile has no paired transcript lengths to split by "
+                f"(needs {MIN_PAIRED_UTTERANCES})"
+            ),
+        )
+    max_input = max(1, round(max_seconds * rate))
+    with_labels = costs_with_labels(costs, estimator, max_input, labels_per_second / rate, hardware)
+    args = (durations, usable, rate, labels_per_second, max_seconds, batch_cap, num_utterances)
+    one = plan_buckets(with_labels, hardware, *args)
+    two = plan_buckets_2d(
+        with_labels,
+        hardware,
+        durations,
+        labels,
+        usable,
+        rate,
+        labels_per_second,
+        max_seconds,
+        batch_cap,
+        num_utterances,
+    )
+    if one is None or two is None:
+        return costs, one_d, "1d", "duration buckets: label ranges do not fit"
+    gain = two[1] / one[1] if one[1] > 0 else 1.0
+    figures = f"{two[1]:,.1f} vs {one[1]:,.1f} audio s/s predicted ({gain:.2f}x)"
+    if mode == "2d" or gain >= 1 + MIN_GAIN:
+        return with_labels, two, "2d", f"duration x label buckets: {figures}"
+    return (
+        costs,
+        one_d,
+        "1d",
+        (
+            f"duration buckets: label ranges would give {figures}, below the {MIN_GAIN:.0%} a second "
+            "dimension must earn"
+        ),
+    )
