@@ -184,3 +184,61 @@ def test_lhotse_sampler_with_the_bytes_constraint_buckets_by_duration_and_transc
         assert len(batch) <= plan.buckets[buckets.pop()].batch_size
         seen += [c.id for c in batch]
     assert sorted(seen) == sorted(c.id for c in cuts)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_planner_splits_a_transducer_by_labels_and_each_limit_holds_in_a_fresh_simulation(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny Parakeet-TDT with a 257-token vocabulary: its joint network (B x T x U x V)
+    makes memory grow with the transcript, so label ranges get larger batches. Each checked
+    limit is traced afresh (the real model, two steps, the plan's setup): it fits, and 15 %
+    more does not (the label terms come from a chord of a convex peak: never optimistic,
+    and not far off). The traced peak is what is checked; reserved bytes follow from it by
+    the planner's allocator model (expandable segments), as in the plan."""
+    from asrfit.memory.adapters import BatchShape, hf_adapter
+    from asrfit.memory.allocator import predict_cuda
+    from asrfit.memory.simulate import simulate_step
+    from asrfit.plan.search import plan
+    from asrfit.profiles.dataset import DatasetProfile
+    from asrfit.profiles.hardware import HardwareProfile
+    from asrfit.testing import write_manifest
+    from tests.test_memory_scratch import _bench
+
+    monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path / "cache"))
+    config = _bench("_grid")._config("parakeet-tdt")
+    config.vocab_size, config.blank_token_id, config.pad_token_id = 257, 256, 256
+    rng = np.random.default_rng(0)
+    seconds = rng.uniform(1.0, 4.0, 200)
+    rows = [
+        {"audio_filepath": f"a{i}.wav", "duration": float(d), "text": "a" * int(d * c)}
+        for i, (d, c) in enumerate(zip(seconds, np.clip(rng.normal(15, 3, 200), 6, 26), strict=True))
+    ]
+    dataset = DatasetProfile.from_manifest(write_manifest(tmp_path / "m.jsonl", rows))
+    usable = 300 * 2**20
+    monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: usable))
+    hardware = HardwareProfile.from_name("L4")
+    p = plan(hardware, dataset, config, target_effective_batch=512)
+    assert p.bucketing == "2d", p.bucketing_reason
+    assert "duration x label buckets" in p.bucketing_reason and "x)" in p.bucketing_reason
+    one_d = plan(hardware, dataset, config, target_effective_batch=512, bucketing="1d")
+    assert p.predicted_throughput_seconds_per_second > one_d.predicted_throughput_seconds_per_second
+    last_range = [b for b in p.buckets if b.max_seconds == p.buckets[-1].max_seconds]
+    assert len(last_range) >= 2
+    adapter = hf_adapter(config)
+
+    def reserved(batch: int, bucket: Bucket) -> int:
+        step = simulate_step(
+            adapter, BatchShape(batch, bucket.max_input_length, bucket.max_label_length), p.setup
+        )
+        return predict_cuda(
+            step.peak_bytes,
+            step.peak_bytes,
+            architecture=p.architecture,
+            expandable_segments=p.expandable_segments,
+        ).reserved_bytes
+
+    for bucket in (last_range[0], last_range[-1]):
+        assert reserved(bucket.batch_size, bucket) <= usable
+        assert reserved(int(bucket.batch_size * 1.15) + 1, bucket) > usable

@@ -28,6 +28,13 @@ def _precision_reason(plan: Plan) -> str:
 def _batches(plan: Plan) -> str:
     """The batch limits in a phrase."""
     first, last, count = plan.buckets[0], plan.buckets[-1], len(plan.buckets)
+    if plan.is_two_dimensional and plan.max_batch_size != plan.min_batch_size:
+        ranges = len({b.max_seconds for b in plan.buckets})
+        return (
+            f"up to {plan.max_batch_size} utterances per micro-batch, down to "
+            f"{plan.min_batch_size}, in {count} buckets: {ranges} duration ranges up to "
+            f"{last.max_seconds:.1f} s, each split by transcript length ({plan.bucketing_reason})"
+        )
     if first.batch_size == last.batch_size:
         return (
             f"{last.batch_size} utterances per micro-batch in all {count} duration buckets, up "
@@ -93,8 +100,8 @@ def explain_plan(plan: Plan) -> list[tuple[str, str]]:
     rows.append(
         (
             "Epoch",
-            f"{_about(plan.predicted_epoch_seconds)} per epoch (traced FLOPs at an "
-            "assumed utilisation; the first epoch also decodes the audio).",
+            f"{_about(plan.predicted_epoch_seconds)} per epoch (the traced kernels' step "
+            "time, see rests_on; the first epoch also decodes the audio).",
         )
     )
     if plan.data.reasons:

@@ -1,0 +1,115 @@
+"""Predicted throughput of duration buckets (1-D) vs duration x label buckets (2-D).
+
+Run: ``python bench/two_d_buckets.py [--out docs/benchmarks.md]``. For each (model, GPU) the
+planner runs twice in one fresh subprocess on a LibriSpeech-like manifest (durations of
+train-clean-100's shape, transcripts whose speaking rate varies per utterance,
+``bench/_corpora.py``): ``bucketing="1d"`` and ``bucketing="2d"``, sharing the simulation
+cache, so the 2-D plan costs its two label traces. The target is one audio hour per
+optimizer step, which leaves micro-batches uncapped (a target in utterances caps them at
+the target and hides what memory allows). Both figures are the planner's predictions on
+the named GPU (none is here); the 1-D baseline already assumes the 95th-percentile
+speaking rate per bucket, not the longest transcript a fixed-batch 1-D config must hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _corpora import write_librispeech_like  # noqa: E402
+from _report import write_section  # noqa: E402
+
+PLAN = """
+import json, logging, time
+logging.disable(logging.WARNING)
+from asrfit.profiles.dataset import DatasetProfile
+from asrfit.profiles.hardware import HardwareProfile
+from asrfit.plan.search import plan
+ds = DatasetProfile.from_manifest({manifest!r})
+hw = HardwareProfile.from_name({gpu!r})
+out = {{}}
+for mode in ("1d", "2d"):
+    t = time.perf_counter()
+    p = plan(hw, ds, {model!r}, target_hours=1.0, bucketing=mode)
+    out[mode] = {{"seconds": time.perf_counter() - t, "setup": p.setup.describe(),
+                 "throughput": p.predicted_throughput_seconds_per_second,
+                 "buckets": len(p.buckets), "reason": p.bucketing_reason,
+                 "batches": [[b.max_seconds, b.min_label_length, b.max_label_length, b.batch_size] for b in p.buckets]}}
+print("RESULT " + json.dumps(out))
+"""
+
+CASES = (("parakeet-tdt-0.6b-v2", "A100-80GB"), ("whisper-small", "A10G"))
+
+
+def run(manifest: Path, cache: Path, model: str, gpu: str) -> dict:
+    env = {**os.environ, "ASRFIT_CACHE_DIR": str(cache)}
+    code = PLAN.format(manifest=str(manifest), model=model, gpu=gpu)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(next(x for x in out.splitlines() if x.startswith("RESULT"))[7:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--utterances", type=int, default=28_539)
+    parser.add_argument("--cps-sd", type=float, nargs="+", default=[2.5])
+    parser.add_argument("--case", nargs=2, action="append", metavar=("MODEL", "GPU"))
+    args = parser.parse_args()
+    cases = [tuple(c) for c in args.case] if args.case else list(CASES)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, gpu in cases:
+            cache = Path(tmp) / f"cache-{model}"
+            for sd in args.cps_sd:
+                manifest = write_librispeech_like(
+                    Path(tmp) / f"ls-{sd}.jsonl", args.utterances, cps_sd=sd
+                )
+                started = time.perf_counter()
+                r = run(manifest, cache, model, gpu)
+                one, two = r["1d"], r["2d"]
+                gain = two["throughput"] / one["throughput"]
+                rows.append(
+                    f"| {model} | {gpu} | {sd:g} | {one['setup']} | {one['buckets']} | "
+                    f"{one['throughput']:,.1f} | {two['buckets']} | {two['throughput']:,.1f} | "
+                    f"**{gain:.2f}x** | {time.perf_counter() - started:.0f} |"
+                )
+                print(rows[-1], flush=True)
+                print("  2d:", two["batches"], flush=True)
+                print("  1d:", one["batches"], flush=True)
+    body = "\n".join(
+        [
+            "## Two-dimensional buckets: predicted throughput vs duration buckets",
+            "",
+            "Command: `PYTHONPATH=src .venv/bin/python bench/two_d_buckets.py "
+            + " ".join(f"--cps-sd {sd:g}" for sd in args.cps_sd)
+            + " --out docs/benchmarks.md`  ",
+            f"Run: {date.today()}, {platform.machine()} {platform.system()}, "
+            f"nproc={os.cpu_count()}; {args.utterances:,} utterances of LibriSpeech-like "
+            "durations (bench/_corpora.py), speaking rate N(15.5, sd) characters/s per utterance "
+            "(sd an assumption, hence the column); target 1 audio hour per step (micro-batches "
+            "uncapped). Predicted by the planner for the named GPU; no GPU ran here.",
+            "",
+            "| model | GPU | rate sd (chars/s) | setup (1-D) | 1-D buckets | 1-D audio s/s | "
+            "2-D buckets | 2-D audio s/s | 2-D / 1-D | bench s |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+    if args.out:
+        write_section(args.out, "two-d-buckets", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()
