@@ -87,18 +87,20 @@ def main() -> None:
                 print(rows[-1], flush=True)
                 print("  2d:", two["batches"], flush=True)
                 print("  1d:", one["batches"], flush=True)
+    command = (
+        "PYTHONPATH=src .venv/bin/python bench/two_d_buckets.py "
+        + " ".join(f"--case {m} {g}" for m, g in cases)
+        + " --cps-sd "
+        + " ".join(f"{sd:g}" for sd in args.cps_sd)
+        + " --out docs/benchmarks.md"
+    )
     body = "\n".join(
         [
-            "## Two-dimensional buckets: predicted throughput vs duration buckets",
+            f"### {', '.join(f'{m} on {g}' for m, g in cases)}",
             "",
-            "Command: `PYTHONPATH=src .venv/bin/python bench/two_d_buckets.py "
-            + " ".join(f"--cps-sd {sd:g}" for sd in args.cps_sd)
-            + " --out docs/benchmarks.md`  ",
+            f"Command: `{command}`  ",
             f"Run: {date.today()}, {platform.machine()} {platform.system()}, "
-            f"nproc={os.cpu_count()}; {args.utterances:,} utterances of LibriSpeech-like "
-            "durations (bench/_corpora.py), speaking rate N(15.5, sd) characters/s per utterance "
-            "(sd an assumption, hence the column); target 1 audio hour per step (micro-batches "
-            "uncapped). Predicted by the planner for the named GPU; no GPU ran here.",
+            f"nproc={os.cpu_count()}; {args.utterances:,} utterances.",
             "",
             "| model | GPU | rate sd (chars/s) | setup (1-D) | 1-D buckets | 1-D audio s/s | "
             "2-D buckets | 2-D audio s/s | 2-D / 1-D | bench s |",
@@ -107,7 +109,8 @@ def main() -> None:
         ]
     )
     if args.out:
-        write_section(args.out, "two-d-buckets", body)
+        name = "two-d-buckets-" + "-".join(m for m, _ in cases)
+        write_section(args.out, name, body)
     print(body)
 
 

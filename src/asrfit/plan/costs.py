@@ -191,13 +191,13 @@ class CostEstimator:
         return self._fits[key]
 
     def label_pairs(
-        self, setup: Setup, max_input_length: int, labels_per_step: float, low: float
+        self, setup: Setup, shapes: list[tuple[int, int, int]], low: float
     ) -> list[tuple[BatchShape, StepMemory, BatchShape, StepMemory]]:
         """Traces that differ in labels alone, for the label terms of two-dimensional buckets.
 
-        Two pairs, at batch 1 of the longest input and batch 2 of half of it (both shapes of
-        the coarse fit, so two new traces): labels on the fit's line ``U = r T`` and
-        ``low`` times that. Same base setup as the activation fit (step 1, SGD).
+        For each traced ``(B, T, U)`` of ``shapes`` (shapes of the activation fit, so only
+        the low-label trace is new), the same shape with ``low`` times the labels. Same base
+        setup as the activation fit (step 1, SGD).
         """
         base = Setup(
             precision=setup.precision,
@@ -207,9 +207,7 @@ class CostEstimator:
             freeze_feature_encoder=setup.freeze_feature_encoder,
         )
         pairs = []
-        for b, t in ((1, max_input_length), (2, max_input_length // 2)):
-            t = max(t, self.min_input_length)
-            u_hi = max(1, round(t * labels_per_step))
+        for b, t, u_hi in shapes:
             u_lo = max(1, round(u_hi * low))
             if u_lo >= u_hi:
                 continue

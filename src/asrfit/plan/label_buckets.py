@@ -8,8 +8,8 @@ larger batch (NeMo's 2-D bucketing for Canary; its OOMptimizer sizes each bin).
 
 1. The label terms: the setup's memory, FLOPs and step-time fits were made on shapes whose
    labels grow with their length (``U = r T``), where label and length columns cannot be
-   told apart. Two more traces, at a quarter of the labels of two coarse shapes, measure the
-   slopes (:meth:`asrfit.plan.costs.CostEstimator.label_pairs`,
+   told apart. Two more traces, at a quarter of the labels of the fit's two largest traced
+   batches (near the budget, where the planner decides), measure the slopes (:meth:`asrfit.plan.costs.CostEstimator.label_pairs`,
    :func:`asrfit.memory.costmodel.label_slopes`); the fits keep their values on the line and
    move off it by those slopes (:func:`asrfit.memory.costmodel.with_label_terms`). A peak
    that is the larger of two phases is convex in ``U``, so the chord between the two traces
@@ -47,7 +47,7 @@ from asrfit.plan.speed import StepTimeFit, set_step_time_fit, step_time_fit
 from asrfit.profiles.host import device_rates
 
 LABEL_PROBE_LOW = 0.25  # the label traces' share of the line's labels; no bin plans below it
-LABEL_TRACES = 2  # new traces the label terms take (the other two shapes are the coarse fit's)
+LABEL_TRACES = 2  # new traces the label terms take (the high-label shapes are the fit's own)
 LABEL_BIN_COUNTS = (1, 2, 3, 4)
 MIN_GAIN = 0.03  # two-dimensional buckets must train 3 % faster (they complicate exports)
 MIN_PAIRED_UTTERANCES = 20  # paired (duration, transcript) samples needed to split by labels
@@ -64,7 +64,9 @@ def costs_with_labels(
     hardware: Any,
 ) -> SetupCosts:
     """``costs`` whose memory, FLOPs and step-time fits move with labels at fixed length."""
-    pairs = estimator.label_pairs(costs.setup, max_input_length, labels_per_step, LABEL_PROBE_LOW)
+    pairs = estimator.label_pairs(
+        costs.setup, label_shapes(costs, max_input_length, labels_per_step), LABEL_PROBE_LOW
+    )
     if not pairs:
         return costs
 
@@ -119,6 +121,31 @@ def costs_with_labels(
             ),
         )
     return out
+
+
+def label_shapes(
+    costs: SetupCosts, max_input_length: int, labels_per_step: float
+) -> list[tuple[int, int, int]]:
+    """The two traced shapes whose labels are varied: the largest peaks at two lengths.
+
+    The label slope must be read where the planner decides, near the budget: at batch 1 a
+    transducer's joint network (``B x T x U x V``) can be smaller than the encoder's
+    peak and leave the peak flat in ``U``, while at the planned batch it dominates. So the
+    shapes are the activation fit's largest-peak traces at two lengths (both already
+    traced); without them, batch 1 of the longest input and batch 2 of half of it.
+    """
+    points = sorted(getattr(costs.memory, "points", []), key=lambda p: -p[3])
+    chosen: list[tuple[int, int, int]] = []
+    for b, t, u, _ in points:
+        if all(t != c[1] for c in chosen):
+            chosen.append((int(b), int(t), int(u)))
+        if len(chosen) == 2:
+            return chosen
+    t = max_input_length
+    return [
+        (1, t, max(1, round(t * labels_per_step))),
+        (2, t // 2, max(1, round(t // 2 * labels_per_step))),
+    ]
 
 
 def plan_buckets_2d(
