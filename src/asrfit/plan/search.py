@@ -8,7 +8,9 @@
    bucket, several bucket counts tried); each bucket gets the largest batch whose
    predicted *reserved* memory fits usable memory; the bucket count with the highest
    predicted throughput wins (bins and limits chosen together).
-4. The setup with the highest predicted throughput (audio seconds per second) wins.
+4. The setup with the highest predicted throughput (audio seconds per second) wins. For it,
+   each duration bucket is split by transcript length when that is predicted faster
+   (two more traces; :mod:`asrfit.plan.label_buckets`), and the plan says both figures.
 5. Accumulation meets the target effective batch; data-side decisions follow host RAM.
 
 Throughput model (:mod:`asrfit.plan.speed`): each traced shape's kernels (FLOPs and bytes
