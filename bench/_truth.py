@@ -237,10 +237,11 @@ def measure_adapter_step(
 
     The model is built as the simulator builds it (same ``build``, default dtype, activation
     checkpointing, train mode), with the optimizer of
-    :func:`asrfit.memory.optimizers.make_optimizer`.
+    :func:`asrfit.memory.optimizers.make_optimizer`, except 8-bit AdamW, which is the real
+    ``bitsandbytes.optim.AdamW8bit`` (the simulator models its state).
     """
     from asrfit.memory.optimizers import make_optimizer
-    from asrfit.memory.setup import Precision
+    from asrfit.memory.setup import OptimizerKind, Precision
     from asrfit.memory.simulate import _build, _default_dtype, _float_dtype
 
     if threads is not None:
@@ -250,7 +251,13 @@ def measure_adapter_step(
     with _default_dtype(dtype):
         model = _build(adapter, setup)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(setup, params)
+    if setup.optimizer is OptimizerKind.ADAMW_8BIT:
+        # the real bitsandbytes optimizer, not the simulator's model of its state
+        import bitsandbytes
+
+        optimizer = bitsandbytes.optim.AdamW8bit(params, lr=1e-4)
+    else:
+        optimizer = make_optimizer(setup, params)
     inputs = real_inputs_from_adapter(adapter, batch, dtype)
     autocast = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(setup.precision)
     if setup.precision is Precision.FP16:
