@@ -1,4 +1,4 @@
-"""Held-out cases written 2026-11-24 at about 04:40 UTC, after both wav2vec2-bert fixes (issue 11).
+"""Held-out cases written 2026-11-24 by 04:32 UTC, after both wav2vec2-bert fixes (issue 11).
 
 The nine cases of ``_heldout_later.held_out_after_inplace_fix`` were the only ones written
 after the final rules; these bring that split to more than 30. They were written before any
