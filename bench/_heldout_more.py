@@ -220,3 +220,72 @@ def held_out_more() -> list[HeldOutCase]:
             _s("fp32", True, "adamw8bit"),
         ),
     ]
+
+
+def _bigger(config: Any, layers: int, conv: int | None = None) -> Any:
+    """``config`` with more layers (and wider feature-encoder convolutions)."""
+    for name in ("num_hidden_layers", "encoder_layers"):
+        if hasattr(config, name):
+            setattr(config, name, layers)
+    if conv is not None and hasattr(config, "conv_dim"):
+        config.conv_dim = (conv,) * len(config.conv_dim)
+    return config
+
+
+def held_out_larger() -> list[HeldOutCase]:
+    """Eight larger steps (tens to hundreds of MiB), written 2026-11-24 at 04:55 UTC.
+
+    Written after the 30 cases above had run, before any of these ran; no rule changed
+    after the 30 ran either. They check that the per-shape CPU kernel scratch holds at
+    widths and lengths ten times those of the tiny cases.
+    """
+    return [
+        HeldOutCase(
+            "wav2vec2 h256 x4 layer fp32 adamw 4x4s",
+            lambda: _bigger(_w2v("Wav2Vec2ForCTC", 256, 8, "layer", True), 4, 128),
+            BatchShape(4, 64000, 50),
+            _s("fp32", False, "adamw"),
+        ),
+        HeldOutCase(
+            "hubert h192 x3 group bf16+ckpt sgd 3x6s",
+            lambda: _bigger(_w2v("HubertForCTC", 192, 6, "group", False), 3, 96),
+            BatchShape(3, 96000, 70),
+            _s("bf16", True, "sgd"),
+        ),
+        HeldOutCase(
+            "data2vec-audio h192 x3 pure_bf16 adafactor 3x5s",
+            lambda: _bigger(_generic("data2vec-audio", 192, 4), 3, 64),
+            BatchShape(3, 80000, 60),
+            _s("pure_bf16", False, "adafactor"),
+        ),
+        HeldOutCase(
+            "wav2vec2-bert h160 x3 bf16 adamw 2x5s",
+            lambda: _bigger(_generic("wav2vec2-bert", 160, 8), 3),
+            BatchShape(2, 500, 60),
+            _s("bf16", False, "adamw"),
+        ),
+        HeldOutCase(
+            "whisper d256 x2 fp32 adafactor 4x10s",
+            lambda: _bigger(_whisper(256, 4, 1000), 2),
+            BatchShape(4, 1000, 40),
+            _s("fp32", False, "adafactor"),
+        ),
+        HeldOutCase(
+            "speech_to_text d192 x3 fp32+ckpt sgd 3x6s",
+            lambda: _bigger(_generic("speech_to_text", 192, 4), 3),
+            BatchShape(3, 600, 45),
+            _s("fp32", True, "sgd"),
+        ),
+        HeldOutCase(
+            "parakeet-ctc h192 x2 fp32 sgd 4x6s",
+            lambda: _parakeet("ctc", 192, 4, 2),
+            BatchShape(4, 600, 60),
+            _s("fp32", False, "sgd"),
+        ),
+        HeldOutCase(
+            "conformer d192 x4 bf16 adamw 4x8s",
+            lambda: _conformer(192, 4, 4),
+            BatchShape(4, 800, 64),
+            _s("bf16", False, "adamw"),
+        ),
+    ]
