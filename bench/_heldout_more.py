@@ -233,7 +233,7 @@ def _bigger(config: Any, layers: int, conv: int | None = None) -> Any:
 
 
 def held_out_larger() -> list[HeldOutCase]:
-    """Eight larger steps (tens to hundreds of MiB), written 2026-11-24 at 04:55 UTC.
+    """Eight larger steps (tens to hundreds of MiB), written 2026-11-24 at 04:48 UTC.
 
     Written after the 30 cases above had run, before any of these ran; no rule changed
     after the 30 ran either. They check that the per-shape CPU kernel scratch holds at
