@@ -9,8 +9,11 @@ gradient, accumulating in place when nothing else references a buffer), which a 
 mode changes (every tensor gets a Python wrapper that holds a reference). The bytes come
 from the CPU allocator itself: ``torch.profiler.profile(profile_memory=True)`` records one
 ``[memory]`` event per allocation and free of the c10 CPU allocator, with a signed byte
-count; replaying them in time order on top of the bytes live before the profiled region
-(the parameters and buffers, summed by storage) gives the bytes live at every instant.
+count; the parameters and buffers are first copied to fresh storages inside the profile
+(:func:`reallocate_state`: the allocator reports no free of a block it saw allocated before
+profiling, so a buffer a module replaces in forward would otherwise stay counted), and
+replaying the events in time order gives the bytes live at every instant. The harness
+holds no reference to the model's tensors, so a replaced buffer is freed as in a plain run.
 The profiler uses RecordFunction callbacks, not the dispatcher, so it changes no kernel
 or autograd decision. Optimizer state appears in step 1; the steady-state peak is the
 last step's (``record_function`` ranges mark the steps).
@@ -78,6 +81,38 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, device: str = "cpu") -> 
     ]
 
 
+def reallocate_state(model: nn.Module) -> list[torch.UntypedStorage]:
+    """Move every parameter and buffer of ``model`` to a fresh copy of its storage, in place.
+
+    Called inside the profile: the c10 CPU allocator reports the free of a block only if it
+    saw the block's allocation while profiling (``ProfiledCPUMemoryReporter``), so a buffer
+    allocated before the profile and replaced during it (wav2vec2-conformer's relative
+    position table, cast to the autocast dtype on the first step) would stay counted in a
+    replay that starts from the bytes live before the profile. After this call every byte of
+    model state is allocated under the profiler and its free is reported. Storages shared by
+    several tensors stay shared; the tensors' objects (and the optimizer's references to the
+    parameters) are kept.
+
+    Returns the old storages: free them after the profile. The allocator's size table keeps
+    stale entries of blocks allocated in an earlier profile and freed outside one; a block
+    allocated before this profile at such an address would be reported with the stale size
+    if it were freed inside it.
+    """
+    copies: dict[int, torch.UntypedStorage] = {}
+    old: list[torch.UntypedStorage] = []
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            storage = t.untyped_storage()
+            key = storage.data_ptr() or id(storage)
+            if key not in copies:
+                copies[key] = storage.clone()
+                old.append(storage)
+            fresh = torch.empty(0, dtype=t.dtype, device=t.device)
+            fresh.set_(copies[key], t.storage_offset(), t.size(), t.stride())
+            t.data = fresh
+    return old
+
+
 def replay_cpu_profile(prof: Any, base_bytes: int, steps: int) -> tuple[list[int], int]:
     """(peak bytes live in each step, bytes live at the last step's start) from ``[memory]`` events."""
     events = list(prof.profiler.kineto_results.events())
@@ -129,15 +164,19 @@ def measure_plain_step(
         The allocator-level peaks.
     """
     gc.collect()
-    state = [*model.parameters(), *model.buffers()]
-    base_bytes = storage_bytes(state)
-    model_state_bytes = base_bytes
+    model_state_bytes = storage_bytes([*model.parameters(), *model.buffers()])
     started = time.perf_counter()
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        # Every byte of model state is allocated inside the profile, so its free is counted
+        # too (a module may replace a buffer in forward); the replay then starts from 0.
+        old_storages = reallocate_state(model)
+        base_bytes = 0
         for step in range(1, steps + 1):
             if step == steps:
-                model_state_bytes = storage_bytes([*state, *optimizer_tensors(optimizer)])
+                model_state_bytes = storage_bytes(
+                    [*model.parameters(), *model.buffers(), *optimizer_tensors(optimizer)]
+                )
             with torch.profiler.record_function(STEP_MARK.format(step)):
                 inputs = make_inputs()
                 cast = (
@@ -151,6 +190,7 @@ def measure_plain_step(
                 del loss, inputs
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+    del old_storages  # freed after the profile: no event, as they had no allocation event
     seconds = time.perf_counter() - started
     peaks, start = replay_cpu_profile(prof, base_bytes, steps)
     return PlainStep(peaks[-1], peaks, start, model_state_bytes, seconds)
@@ -197,10 +237,11 @@ def measure_adapter_step(
 
     The model is built as the simulator builds it (same ``build``, default dtype, activation
     checkpointing, train mode), with the optimizer of
-    :func:`asrfit.memory.optimizers.make_optimizer`.
+    :func:`asrfit.memory.optimizers.make_optimizer`, except 8-bit AdamW, which is the real
+    ``bitsandbytes.optim.AdamW8bit`` (the simulator models its state).
     """
     from asrfit.memory.optimizers import make_optimizer
-    from asrfit.memory.setup import Precision
+    from asrfit.memory.setup import OptimizerKind, Precision
     from asrfit.memory.simulate import _build, _default_dtype, _float_dtype
 
     if threads is not None:
@@ -210,7 +251,13 @@ def measure_adapter_step(
     with _default_dtype(dtype):
         model = _build(adapter, setup)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(setup, params)
+    if setup.optimizer is OptimizerKind.ADAMW_8BIT:
+        # the real bitsandbytes optimizer, not the simulator's model of its state
+        import bitsandbytes
+
+        optimizer = bitsandbytes.optim.AdamW8bit(params, lr=1e-4)
+    else:
+        optimizer = make_optimizer(setup, params)
     inputs = real_inputs_from_adapter(adapter, batch, dtype)
     autocast = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(setup.precision)
     if setup.precision is Precision.FP16:

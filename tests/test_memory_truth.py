@@ -45,6 +45,36 @@ def test_truth_counts_an_elementwise_step_in_closed_form(one_thread) -> None:
     assert step.start_bytes == step.model_state_bytes == 4 * n
 
 
+class _CastsItsTable(nn.Module):
+    """Replaces its buffer by a bf16 copy on the first forward (as wav2vec2-conformer's
+    relative position table follows the autocast dtype)."""
+
+    def __init__(self, n: int, m: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(n))
+        self.table = nn.Buffer(torch.ones(m), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table.dtype != torch.bfloat16:
+            self.table = self.table.to(torch.bfloat16)
+        return (x * self.w).sum() + self.table[0].float() * 0
+
+
+def test_truth_frees_a_buffer_replaced_in_forward(one_thread) -> None:
+    """The fp32 table allocated before the profile and replaced in step 1 is not counted in
+    step 2: step 2 holds w, the bf16 table and the elementwise step's bytes; step 1 held both
+    tables at the cast. Without :func:`_truth.reallocate_state` the fp32 table stayed counted."""
+    n, b, m = 1000, 4, 100_000
+    model = _CastsItsTable(n, m)
+    step = _truth.measure_plain_step(
+        model, lambda: torch.randn(b, n), lambda mod, x: mod(x), _sgd(model)
+    )
+    elementwise = 4 * n + 4 * b * n + 4 + 4 + 4 * b * n + 4 * n
+    assert step.peak_bytes == elementwise + 2 * m
+    assert step.step_peaks_bytes[0] >= 4 * n + 4 * m + 2 * m
+    assert step.start_bytes == step.model_state_bytes == 4 * n + 2 * m
+
+
 def test_truth_counts_a_linear_step_in_closed_form(one_thread) -> None:
     """loss = (x W^T)^2 summed: peak = W + grad W + x + grad y + loss + grad seed."""
     layer = nn.Linear(256, 128, bias=False)
