@@ -182,17 +182,18 @@ def scaled_step(
     with contextlib.suppress(_Probe):
         simulate_step(adapter, batch, setup, target=target, steps=steps, prune=grab)
     groups = probe.get("groups", [])
-    keys = [k for k, _ in groups]
-    real = [len(idx) for _, idx in groups]
+    # A group of 2 or more layers is a variable, traced at ``b`` and ``b + 1`` layers (and
+    # ``b + 2`` in the check when it is the only one); a smaller group is kept whole.
+    counts = {k: len(idx) for k, idx in groups}
+    keys = [k for k in counts if counts[k] >= 3 or (counts[k] == 2 and len(counts) >= 2)]
     n = len(keys)
-    check = [BASE + 1] * n if n >= 2 else [BASE + 2] * n
-    design = [[BASE] * n] + [[BASE + (j == i) for j in range(n)] for i in range(n)] + [check]
+    real = [counts[k] for k in keys]
+    bases = [min(BASE, r - (2 if n == 1 else 1)) for r in real]
+    check = [b + 1 for b in bases] if n >= 2 else [b + 2 for b in bases]
+    design = [bases] + [[b + (j == i) for j, b in enumerate(bases)] for i in range(n)] + [check]
     traced = max((sum(d) for d in design), default=0)
-    if (
-        not n
-        or sum(real) - traced < min_saving
-        or any(r < c for r, c in zip(real, check, strict=True))
-    ):
+    fixed = {k: c for k, c in counts.items() if k not in keys}
+    if not n or sum(real) - traced < min_saving:
         step = simulate_step(adapter, batch, setup, target=target, steps=steps)
         step.assumptions.append("depth: full trace (no repeated layers to scale)")
         return step
@@ -206,7 +207,7 @@ def scaled_step(
                 setup,
                 target=target,
                 steps=steps,
-                prune=_pruner(dict(zip(keys, d, strict=True))),
+                prune=_pruner({**fixed, **dict(zip(keys, d, strict=True))}),
                 detail=s,
             )
         )
