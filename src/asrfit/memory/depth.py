@@ -245,7 +245,7 @@ def _extrapolate(
     # the max over its regions, the step's the max over all.
     regions = sorted(set().union(*(d["regions"] for d in details)))
     region_peaks = {
-        w: value(f"the {w} peak", [d["regions"].get(w, 0) for d in details]) for w in regions
+        w: value(f"the {w} peak", [d["regions"].get(w, (0,))[0] for d in details]) for w in regions
     }
     phase_peaks: dict[str, int] = {}
     for w, v in region_peaks.items():
@@ -253,23 +253,36 @@ def _extrapolate(
         phase_peaks[ph] = max(phase_peaks.get(ph, 0), v)
     where = max(region_peaks, key=region_peaks.get)
     peak_phase = where.partition("@")[0]
-    if any(d["peak_region"] != where for d in details):
-        # The breakdown is that of one instant: the same one at every depth, or none.
-        raise Nonlinear(f"the peak's place ({[d['peak_region'] for d in details]} -> {where})")
-    breakdown = {
-        c: value(f"category {c}", [r.breakdown_bytes.get(c, 0) for r in runs])
-        for c in last.breakdown_bytes
+    if any(where not in d["regions"] for d in details):
+        raise Nonlinear(f"the peak's place ({where})")
+    # What a trace adds to its peak after the event log (the CPU RNG states of checkpointed
+    # layers, asrfit.memory.simulate): the same at every depth.
+    extra = {
+        r.peak_bytes - max(v[0] for v in d["regions"].values())
+        for r, d in zip(runs, details, strict=True)
     }
-    peak = value("the peak", [r.peak_bytes for r in runs])
+    if len(extra) != 1:
+        raise Nonlinear("the bytes added after the trace")
+    extra_bytes = extra.pop()
+    at = [d["regions"][where] for d in details]
+    breakdown = {
+        c: value(f"category {c}", [b.get(c, 0) for _, b, _ in at]) for c in last.breakdown_bytes
+    }
+    breakdown["activations"] += extra_bytes
+    peak = region_peaks[where] + extra_bytes
     step_peaks = [
         value(f"step {i + 1}'s peak", [r.step_peaks_bytes[i] for r in runs])
-        for i in range(len(last.step_peaks_bytes))
-    ]
-    counts = [Counter(d["sizes"]) for d in details]
+        for i in range(len(last.step_peaks_bytes) - 1)
+    ] + [peak]
+    counts = [Counter(sizes) for _, _, sizes in at]
     block_sizes: list[int] = []
     for size in sorted(set().union(*counts)):
         k = value(f"blocks of {size} bytes at the peak", [c.get(size, 0) for c in counts])
         block_sizes.extend([size] * k)
+    try:
+        raw = value("the raw peak", [r.peak_raw_bytes for r in runs])
+    except Nonlinear:  # the unrounded peak (CPU allocators only) may sit elsewhere: bounded
+        raw = peak
     rows: dict[tuple, list[int]] = {}
     for j, r in enumerate(runs):
         for row in r.cost.rows:
@@ -319,7 +332,7 @@ def _extrapolate(
         batch=last.batch,
         target=last.target,
         peak_bytes=peak,
-        peak_raw_bytes=value("the raw peak", [r.peak_raw_bytes for r in runs]),
+        peak_raw_bytes=raw,
         breakdown_bytes=breakdown,
         step_peaks_bytes=step_peaks,
         peak_phase=peak_phase,

@@ -111,6 +111,7 @@ def _analyse(
     step_peaks = [0] * (steps + 1)
     phase_peaks: dict[str, int] = {}
     region_peaks: dict[str, int] = {}
+    region_at: dict[str, int] = {}  # event index of each region's peak
     best = (-1, -1)  # (rounded peak within last step, event index)
     peak_raw = 0
     for i, (key, sign) in enumerate(tracker.log.events):
@@ -125,30 +126,21 @@ def _analyse(
             if s == steps:
                 phase_peaks[b.phase] = max(phase_peaks.get(b.phase, 0), live_rounded)
                 where = f"{b.phase}@{b.region}"
-                region_peaks[where] = max(region_peaks.get(where, 0), live_rounded)
+                if live_rounded > region_peaks.get(where, -1):
+                    region_peaks[where] = live_rounded
+                    region_at[where] = i
             if s == steps:  # the raw peak (a CPU allocator's) may fall at another instant
                 peak_raw = max(peak_raw, live_raw)
             if s == steps and live_rounded > best[0]:
                 best = (live_rounded, i)
     peak, at = best
-    # Count each block's events up to the peak exactly as the running sum above does (the
-    # in-place accumulation rewrite of asrfit.memory.engine may move a free before its block's
-    # allocation), so that the breakdown adds up to the peak.
-    counts: dict[int, int] = {}
-    for key, sign in tracker.log.events[: at + 1]:
-        counts[key] = counts.get(key, 0) + sign
-    live = {key: blocks[key] for key, n in counts.items() if n > 0}
-    breakdown = dict.fromkeys(CATEGORIES, 0)
-    sizes = [round_block(b.nbytes) for b in live.values() if b.tag != "host"]
-    if detail is not None:
+    breakdown, sizes = _live_at(tracker, at)
+    if detail is not None:  # the same at each phase@region's peak (asrfit.memory.depth)
         at_block = blocks[tracker.log.events[at][0]]
         detail.update(
-            sizes=sizes, regions=region_peaks, peak_region=f"{at_block.phase}@{at_block.region}"
+            regions={w: (region_peaks[w], *_live_at(tracker, i)) for w, i in region_at.items()},
+            peak_region=f"{at_block.phase}@{at_block.region}",
         )
-    for key, n in counts.items():
-        b = blocks[key]
-        if n and b.tag != "host":
-            breakdown[_category(b)] += n * round_block(b.nbytes)
     transients = [b.nbytes for b in blocks.values() if b.tag and b.tag.startswith("workspace:")]
     phase = blocks[tracker.log.events[at][0]].phase
     return (
@@ -161,6 +153,28 @@ def _analyse(
         segment_bytes(sizes),
         phase_peaks,
     )
+
+
+def _live_at(tracker: StorageTracker, at: int) -> tuple[dict[str, int], list[int]]:
+    """Bytes by category and the rounded block sizes live just after event ``at``."""
+    blocks = tracker.log.blocks
+    # Count each block's events up to the instant exactly as the running sum of _analyse does
+    # (the in-place accumulation rewrite of asrfit.memory.engine may move a free before its
+    # block's allocation), so that the breakdown adds up to the live bytes.
+    counts: dict[int, int] = {}
+    for key, sign in tracker.log.events[: at + 1]:
+        counts[key] = counts.get(key, 0) + sign
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    sizes = [
+        round_block(blocks[key].nbytes)
+        for key, n in counts.items()
+        if n > 0 and blocks[key].tag != "host"
+    ]
+    for key, n in counts.items():
+        b = blocks[key]
+        if n and b.tag != "host":
+            breakdown[_category(b)] += n * round_block(b.nbytes)
+    return breakdown, sizes
 
 
 @contextlib.contextmanager
