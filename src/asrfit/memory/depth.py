@@ -173,15 +173,16 @@ def scaled_step(
     check trace is not on the linear model.
     """
     setup = setup or Setup()
-    probe: dict[str, list[tuple[str, list[int]]]] = {}
+    memo = (id(adapter), repr(setup))
+    if memo not in _GROUPS:  # the model as the trace builds it (setup's checkpointing flags)
 
-    def grab(model: nn.Module, _tracker: Any) -> None:
-        probe["groups"] = layer_groups(model)
-        raise _Probe
+        def grab(model: nn.Module, _tracker: Any) -> None:
+            _GROUPS[memo] = (adapter, layer_groups(model))  # (kept alive: its id stays its own)
+            raise _Probe
 
-    with contextlib.suppress(_Probe):
-        simulate_step(adapter, batch, setup, target=target, steps=steps, prune=grab)
-    groups = probe.get("groups", [])
+        with contextlib.suppress(_Probe):
+            simulate_step(adapter, batch, setup, target=target, steps=steps, prune=grab)
+    groups = _GROUPS.get(memo, (None, []))[1]
     # A group of 2 or more layers is a variable, traced at ``b`` and ``b + 1`` layers (and
     # ``b + 2`` in the check when it is the only one); a smaller group is kept whole.
     counts = {k: len(idx) for k, idx in groups}
@@ -219,6 +220,11 @@ def scaled_step(
         step.assumptions.append(f"depth: full trace ({e} is not linear in the layer count)")
         step.trace_seconds += sum(r.trace_seconds for r in runs)
         return step
+
+
+_GROUPS: dict[
+    tuple, tuple[Any, list[tuple[str, list[int]]]]
+] = {}  # per (adapter, setup), this process
 
 
 class _Probe(Exception):
