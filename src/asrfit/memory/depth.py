@@ -165,12 +165,15 @@ def scaled_step(
     steps: int = 2,
     tolerance: float = TOLERANCE,
     min_saving: int = 2,
+    worth: float = 0.0,
 ) -> StepMemory:
     """:func:`asrfit.memory.simulate.simulate_step` from traces at reduced depths.
 
     Falls back to the full trace (and says so in ``assumptions``) when the model has no
-    repeated layers, when the reduced traces would not save ``min_saving`` layers, or when the
-    check trace is not on the linear model.
+    repeated layers, when the reduced traces would not save ``min_saving`` layers, when the
+    repeated layers are fewer than ``worth`` times the layers of all reduced traces together
+    (each reduced trace also repeats every other part of the model: the planner asks for 2),
+    or when the check trace is not on the linear model.
     """
     setup = setup or Setup()
     memo = (id(adapter), repr(setup))
@@ -194,7 +197,8 @@ def scaled_step(
     design = [bases] + [[b + (j == i) for j, b in enumerate(bases)] for i in range(n)] + [check]
     traced = max((sum(d) for d in design), default=0)
     fixed = {k: c for k, c in counts.items() if k not in keys}
-    if not n or sum(real) - traced < min_saving:
+    total = sum(sum(d) for d in design)
+    if not n or sum(real) - traced < min_saving or sum(real) < worth * total:
         step = simulate_step(adapter, batch, setup, target=target, steps=steps)
         step.assumptions.append("depth: full trace (no repeated layers to scale)")
         return step

@@ -95,6 +95,10 @@ _NEAR_BUDGET = 0.4  # points above this share of the budget decide the final fit
 
 
 DEPTH_SCALING = True  # trace repeated layers at reduced depth (asrfit.memory.depth)
+# ... when the model has at least this many times the layers of the reduced traces together
+# (bench/plan_speed.py: slower than the full trace for 12-layer wav2vec2-base and 12+12-layer
+# whisper-small, faster for 48-layer XLS-R-1B)
+DEPTH_WORTH = 2.0
 
 
 class CostEstimator:
@@ -137,7 +141,9 @@ class CostEstimator:
             if self.progress is not None:
                 self.progress.started(batch, setup, what)
             if self.depth_scaling:  # a few layers per stack, scaled (full trace as fallback)
-                return scaled_step(self.adapter, batch, setup, target=self.target, steps=1)
+                return scaled_step(
+                    self.adapter, batch, setup, target=self.target, steps=1, worth=DEPTH_WORTH
+                )
             return simulate_step(self.adapter, batch, setup, target=self.target, steps=1)
 
         if key not in self._memo:
