@@ -35,8 +35,11 @@ from asrfit.profiles.hardware import HardwareProfile
 from asrfit.plan import costs
 from asrfit.plan.search import plan
 calls = []
-real = costs.simulate_step
-costs.simulate_step = lambda *a, **k: calls.append(1) or real(*a, **k)
+def counted(real):
+    return lambda *a, **k: calls.append(1) or real(*a, **k)
+costs.simulate_step = counted(costs.simulate_step)
+if hasattr(costs, "scaled_step"):  # one per simulation, whatever traces it makes
+    costs.scaled_step = counted(costs.scaled_step)
 ds = DatasetProfile.from_manifest({manifest!r})
 kw = {{"exhaustive": True}} if {exhaustive!r} else {{}}
 p = plan(HardwareProfile.from_name({gpu!r}), ds, {model!r}, target_effective_batch=32, **kw)

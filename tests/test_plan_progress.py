@@ -58,12 +58,15 @@ def test_plan_counts_every_new_simulation(
 
     monkeypatch.setattr(progress, "started", started)
     traced: list[BatchShape] = []
-    simulate = costs_module.simulate_step
-    monkeypatch.setattr(
-        costs_module,
-        "simulate_step",
-        lambda adapter, batch, *a, **k: traced.append(batch) or simulate(adapter, batch, *a, **k),
-    )
+    for name in ("simulate_step", "scaled_step"):  # a simulation is one or the other
+        simulate = getattr(costs_module, name)
+        monkeypatch.setattr(
+            costs_module,
+            name,
+            lambda adapter, batch, *a, _f=simulate, **k: (
+                traced.append(batch) or _f(adapter, batch, *a, **k)
+            ),
+        )
     plan(HardwareProfile.from_name("L4"), dataset, _tiny_config(), progress=progress)
     assert len(seen) == len(traced) > 0  # each simulation shown once
     assert [d for d, _ in seen] == list(range(1, len(seen) + 1))

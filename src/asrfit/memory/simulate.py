@@ -103,13 +103,15 @@ def _category(block: Block) -> str:
 
 
 def _analyse(
-    tracker: StorageTracker, steps: int
+    tracker: StorageTracker, steps: int, detail: dict | None = None
 ) -> tuple[int, int, dict[str, int], list[int], str, int, int]:
     """Replay the event log: peaks per step, and the breakdown at the last step's peak."""
     blocks = tracker.log.blocks
     live_rounded = live_raw = 0
     step_peaks = [0] * (steps + 1)
     phase_peaks: dict[str, int] = {}
+    region_peaks: dict[str, int] = {}
+    region_at: dict[str, int] = {}  # event index of each region's peak
     best = (-1, -1)  # (rounded peak within last step, event index)
     peak_raw = 0
     for i, (key, sign) in enumerate(tracker.log.events):
@@ -123,24 +125,22 @@ def _analyse(
             step_peaks[s] = max(step_peaks[s], live_rounded)
             if s == steps:
                 phase_peaks[b.phase] = max(phase_peaks.get(b.phase, 0), live_rounded)
+                where = f"{b.phase}@{b.region}"
+                if live_rounded > region_peaks.get(where, -1):
+                    region_peaks[where] = live_rounded
+                    region_at[where] = i
             if s == steps:  # the raw peak (a CPU allocator's) may fall at another instant
                 peak_raw = max(peak_raw, live_raw)
             if s == steps and live_rounded > best[0]:
                 best = (live_rounded, i)
     peak, at = best
-    # Count each block's events up to the peak exactly as the running sum above does (the
-    # in-place accumulation rewrite of asrfit.memory.engine may move a free before its block's
-    # allocation), so that the breakdown adds up to the peak.
-    counts: dict[int, int] = {}
-    for key, sign in tracker.log.events[: at + 1]:
-        counts[key] = counts.get(key, 0) + sign
-    live = {key: blocks[key] for key, n in counts.items() if n > 0}
-    breakdown = dict.fromkeys(CATEGORIES, 0)
-    sizes = [round_block(b.nbytes) for b in live.values() if b.tag != "host"]
-    for key, n in counts.items():
-        b = blocks[key]
-        if n and b.tag != "host":
-            breakdown[_category(b)] += n * round_block(b.nbytes)
+    breakdown, sizes = _live_at(tracker, at)
+    if detail is not None:  # the same at each phase@region's peak (asrfit.memory.depth)
+        at_block = blocks[tracker.log.events[at][0]]
+        detail.update(
+            regions={w: (region_peaks[w], *_live_at(tracker, i)) for w, i in region_at.items()},
+            peak_region=f"{at_block.phase}@{at_block.region}",
+        )
     transients = [b.nbytes for b in blocks.values() if b.tag and b.tag.startswith("workspace:")]
     phase = blocks[tracker.log.events[at][0]].phase
     return (
@@ -153,6 +153,28 @@ def _analyse(
         segment_bytes(sizes),
         phase_peaks,
     )
+
+
+def _live_at(tracker: StorageTracker, at: int) -> tuple[dict[str, int], list[int]]:
+    """Bytes by category and the rounded block sizes live just after event ``at``."""
+    blocks = tracker.log.blocks
+    # Count each block's events up to the instant exactly as the running sum of _analyse does
+    # (the in-place accumulation rewrite of asrfit.memory.engine may move a free before its
+    # block's allocation), so that the breakdown adds up to the live bytes.
+    counts: dict[int, int] = {}
+    for key, sign in tracker.log.events[: at + 1]:
+        counts[key] = counts.get(key, 0) + sign
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    sizes = [
+        round_block(blocks[key].nbytes)
+        for key, n in counts.items()
+        if n > 0 and blocks[key].tag != "host"
+    ]
+    for key, n in counts.items():
+        b = blocks[key]
+        if n and b.tag != "host":
+            breakdown[_category(b)] += n * round_block(b.nbytes)
+    return breakdown, sizes
 
 
 @contextlib.contextmanager
@@ -213,6 +235,8 @@ def simulate_step(
     *,
     target: str = "cuda",
     steps: int = 2,
+    prune: Any = None,
+    detail: dict | None = None,
 ) -> StepMemory:
     """Trace ``steps`` training steps on fake tensors and report the last step's peak.
 
@@ -226,6 +250,12 @@ def simulate_step(
             as they are and adds oneDNN convolution scratch (for checking against a real CPU
             run). See :mod:`asrfit.memory.kernels` and :mod:`asrfit.memory.scratch`.
         steps: Steps to trace (Default: 2; the second is the steady state).
+        prune: Called with the built model and the tracker before tracing (e.g. to drop
+            repeated layers and label regions, :mod:`asrfit.memory.depth`); None leaves the
+            model as built.
+        detail: When given, filled with ``sizes`` (the rounded sizes of the blocks live at
+            the peak, what ``peak_segment_bytes`` is computed from), ``regions`` (the last
+            step's peak per ``phase@region``) and ``peak_region`` (that of the peak).
 
     Returns:
         The peak and its breakdown by category.
@@ -240,6 +270,8 @@ def simulate_step(
     tracker.scratch = scratch_rules(target, tracker)
     with fake_mode, device_kernels(target):
         model = _build(adapter, setup)
+        if prune is not None:
+            prune(model, tracker)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(setup, params)
         flops_before_last = 0
@@ -285,7 +317,7 @@ def simulate_step(
                     optimizer.zero_grad(set_to_none=True)
                 del grads
     peak, peak_raw, breakdown, step_peaks, phase, transient, segments, phase_peaks = _analyse(
-        tracker, steps
+        tracker, steps, detail
     )
     assumptions = sorted({f"{a.op}: {a.rule} at {a.where}" for a in tracker.assumptions})
     if target == "cpu" and setup.checkpoint_layers:

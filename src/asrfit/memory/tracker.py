@@ -59,6 +59,7 @@ class Block:
     op: Any = None  # the aten op that made it
     shape: tuple[int, ...] = ()
     dtype: Any = None
+    region: str = ""  # where in the model (set by asrfit.memory.depth's hooks), else ""
 
 
 @dataclass
@@ -109,6 +110,7 @@ class StorageTracker(TorchDispatchMode):
         super().__init__()
         self.log = TraceLog()
         self.phase = "setup"
+        self.region = ""  # a label that asrfit.memory.depth's layer hooks move along the model
         self.step = 0
         self.assumptions: list[Assumption] = []
         self.flops = 0  # matmul/conv/attention FLOPs, counted as torch.utils.flop_counter does
@@ -131,7 +133,7 @@ class StorageTracker(TorchDispatchMode):
         nbytes = st.nbytes()
         key = next(self._ids)
         self.log.blocks[key] = Block(
-            key, nbytes, self.phase, self.step, tag, op, tuple(t.shape), t.dtype
+            key, nbytes, self.phase, self.step, tag, op, tuple(t.shape), t.dtype, self.region
         )
         self.log.events.append((key, 1))
         self._keys[cdata] = key

@@ -1,0 +1,362 @@
+"""A step's memory at full depth from traces at a few reduced depths.
+
+Repeated blocks (encoder layers, decoder layers) add the same storages per layer, so each
+quantity of a traced step that is a sum over live blocks (each phase's peak, each category at
+the peak, parameters, gradients, optimizer state, FLOPs, the count of each kernel cost row, the
+count of each block size live at the peak) is linear in the number of layers of each kind.
+The step's peak is the max over phases, so each phase's peak is extrapolated separately and
+the max taken.
+
+The layers of a model are grouped: per layer stack (a ``ModuleList`` of checkpointable layers,
+outside the convolutional feature encoder), layers identical to the stack's most common one
+(same class, same parameter and buffer shapes) are the repeated part, split by whether the
+layer recomputes its forward (partial checkpointing: the first ``k`` checkpointed, the rest
+plain). Every other layer (e.g. WavLM's first layer with its relative position bias) and every
+module outside the stacks is kept as it is. With ``n`` groups of ``L_i`` layers, the step is
+traced with every group at 1 layer, with each group at 2 in turn (``n + 1`` traces, the
+linear model) and once more as a check (every group at 2, or 3 when ``n = 1``); the check
+trace must equal the linear model's prediction within ``tolerance``, else the full model is
+traced (``assumptions`` says which).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from asrfit.memory.adapters import BatchShape, StepAdapter
+from asrfit.memory.allocator import segment_bytes
+from asrfit.memory.runtime import StepCost
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.models.checkpointing import _flag_checkpointable
+
+BASE = 2  # layers per group in the smallest trace (at 1, the peak may sit in another phase)
+TOLERANCE = 1e-6  # relative, on each checked quantity (exact for identical layers)
+COST_TOLERANCE = 1e-2  # on the kernel rows whose count is not linear (time model only)
+
+
+def _signature(layer: nn.Module) -> tuple:
+    return (
+        type(layer).__name__,
+        tuple((n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters()),
+        tuple((n, tuple(b.shape)) for n, b in layer.named_buffers()),
+    )
+
+
+def layer_groups(model: nn.Module) -> list[tuple[str, list[int]]]:
+    """The repeated layer groups of a model: ``(stack name + ":ckpt"/":plain", layer indices)``."""
+    modules = dict(model.named_modules())
+    groups = []
+    for name, stack in modules.items():
+        if not isinstance(stack, nn.ModuleList) or len(stack) < 2 or "conv" in name:
+            continue
+        owner = modules.get(name.rpartition(".")[0], model)
+        if not _flag_checkpointable(owner, stack):
+            continue
+        sigs = [_signature(m) for m in stack]
+        common, _ = Counter(sigs).most_common(1)[0]
+        for flag in (True, False):
+            idx = [
+                i
+                for i, m in enumerate(stack)
+                if sigs[i] == common and bool(getattr(m, "gradient_checkpointing", False)) is flag
+            ]
+            if idx:
+                groups.append((f"{name}:{'ckpt' if flag else 'plain'}", idx))
+    return groups
+
+
+def _first_grad_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value if value.requires_grad else None
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            t = _first_grad_tensor(v)
+            if t is not None:
+                return t
+    if isinstance(value, dict):
+        return _first_grad_tensor(list(value.values()))
+    return None
+
+
+def _label_regions(model: nn.Module, stacks: list[nn.ModuleList], tracker: Any) -> None:
+    """Move ``tracker.region`` along the model: before, inside and after each layer stack,
+    in the forward pass (module hooks) and in the backward pass (hooks on the gradients of
+    each stack's input and output). The labels do not depend on the depth, so each region's
+    peak is at the same instant of the step at every depth."""
+
+    def label(name: str) -> Any:
+        def hook(_grad: torch.Tensor) -> None:
+            tracker.region = name
+
+        return hook
+
+    def root(_module: nn.Module, _args: Any) -> None:
+        if tracker.phase == "forward":
+            tracker.region = "pre"
+
+    model.register_forward_pre_hook(root)
+    for k, stack in enumerate(stacks):
+
+        def enter(_m: nn.Module, args: Any, kwargs: Any, k: int = k) -> None:
+            if tracker.phase == "forward":
+                tracker.region = f"s{k}"
+                t = _first_grad_tensor((args, kwargs))
+                if t is not None:
+                    t.register_hook(label(f"below{k}"))
+
+        def leave(_m: nn.Module, _args: Any, output: Any, k: int = k) -> None:
+            if tracker.phase == "forward":
+                tracker.region = f"post{k}"
+                t = _first_grad_tensor(output)
+                if t is not None:
+                    t.register_hook(label(f"bwd-s{k}"))
+
+        stack[0].register_forward_pre_hook(enter, with_kwargs=True)
+        stack[-1].register_forward_hook(leave)
+
+
+def _pruner(counts: dict[str, int]) -> Any:
+    def prune(model: nn.Module, tracker: Any) -> None:
+        groups = layer_groups(model)
+        modules = dict(model.named_modules())
+        drop: dict[str, set[int]] = {}
+        for key, idx in groups:
+            stack = key.rpartition(":")[0]
+            drop.setdefault(stack, set()).update(idx[counts[key] :])
+        for stack, gone in drop.items():
+            ml = modules[stack]
+            kept = [m for i, m in enumerate(ml) if i not in gone]
+            ml._modules.clear()
+            for i, m in enumerate(kept):
+                ml._modules[str(i)] = m
+        _label_regions(model, [modules[name] for name in drop], tracker)
+
+    return prune
+
+
+def _lin(points: list[float], design: list[list[int]], real: list[int]) -> tuple[float, float]:
+    """Linear prediction at ``real`` from base + unit steps, and the check point's residual."""
+    base, first = points[0], design[0]
+    slopes = [points[i + 1] - base for i in range(len(real))]
+
+    def at(x: list[int]) -> float:
+        return base + sum(s * (xi - f) for s, xi, f in zip(slopes, x, first, strict=True))
+
+    check = design[-1]
+    return at(real), points[-1] - at(check)
+
+
+class Nonlinear(Exception):
+    """A quantity's check trace departs from the linear model."""
+
+
+def scaled_step(
+    adapter: StepAdapter,
+    batch: BatchShape,
+    setup: Setup | None = None,
+    *,
+    target: str = "cuda",
+    steps: int = 2,
+    tolerance: float = TOLERANCE,
+    min_saving: int = 2,
+    worth: float = 0.0,
+) -> StepMemory:
+    """:func:`asrfit.memory.simulate.simulate_step` from traces at reduced depths.
+
+    Falls back to the full trace (and says so in ``assumptions``) when the model has no
+    repeated layers, when the reduced traces would not save ``min_saving`` layers, when the
+    repeated layers are fewer than ``worth`` times the layers of all reduced traces together
+    (each reduced trace also repeats every other part of the model: the planner asks for 2),
+    or when the check trace is not on the linear model.
+    """
+    setup = setup or Setup()
+    memo = (id(adapter), repr(setup))
+    if memo not in _GROUPS:  # the model as the trace builds it (setup's checkpointing flags)
+
+        def grab(model: nn.Module, _tracker: Any) -> None:
+            _GROUPS[memo] = (adapter, layer_groups(model))  # (kept alive: its id stays its own)
+            raise _Probe
+
+        with contextlib.suppress(_Probe):
+            simulate_step(adapter, batch, setup, target=target, steps=steps, prune=grab)
+    groups = _GROUPS.get(memo, (None, []))[1]
+    # A group of 2 or more layers is a variable, traced at ``b`` and ``b + 1`` layers (and
+    # ``b + 2`` in the check when it is the only one); a smaller group is kept whole.
+    counts = {k: len(idx) for k, idx in groups}
+    keys = [k for k in counts if counts[k] >= 3 or (counts[k] == 2 and len(counts) >= 2)]
+    n = len(keys)
+    real = [counts[k] for k in keys]
+    bases = [min(BASE, r - (2 if n == 1 else 1)) for r in real]
+    check = [b + 1 for b in bases] if n >= 2 else [b + 2 for b in bases]
+    design = [bases] + [[b + (j == i) for j, b in enumerate(bases)] for i in range(n)] + [check]
+    traced = max((sum(d) for d in design), default=0)
+    fixed = {k: c for k, c in counts.items() if k not in keys}
+    total = sum(sum(d) for d in design)
+    if not n or sum(real) - traced < min_saving or sum(real) < worth * total:
+        step = simulate_step(adapter, batch, setup, target=target, steps=steps)
+        step.assumptions.append("depth: full trace (no repeated layers to scale)")
+        return step
+    runs, details = [], []
+    for d in design:
+        s: dict = {}
+        runs.append(
+            simulate_step(
+                adapter,
+                batch,
+                setup,
+                target=target,
+                steps=steps,
+                prune=_pruner({**fixed, **dict(zip(keys, d, strict=True))}),
+                detail=s,
+            )
+        )
+        details.append(s)
+    try:
+        return _extrapolate(runs, details, design, real, keys, tolerance)
+    except Nonlinear as e:
+        step = simulate_step(adapter, batch, setup, target=target, steps=steps)
+        step.assumptions.append(f"depth: full trace ({e} is not linear in the layer count)")
+        step.trace_seconds += sum(r.trace_seconds for r in runs)
+        return step
+
+
+_GROUPS: dict[
+    tuple, tuple[Any, list[tuple[str, list[int]]]]
+] = {}  # per (adapter, setup), this process
+
+
+class _Probe(Exception):
+    pass
+
+
+def _extrapolate(
+    runs: list[StepMemory],
+    details: list[dict],
+    design: list[list[int]],
+    real: list[int],
+    keys: list[str],
+    tolerance: float,
+) -> StepMemory:
+    def value(name: str, points: list[float], tol: float = tolerance) -> int:
+        v, residual = _lin(points, design, real)
+        scale = max(abs(p) for p in points) or 1.0
+        if abs(residual) > tol * scale:
+            raise Nonlinear(name)
+        return round(v)
+
+    last = runs[-1]
+    # Each region's peak is one instant of the step at every depth: linear. A phase's peak is
+    # the max over its regions, the step's the max over all.
+    regions = sorted(set().union(*(d["regions"] for d in details)))
+    region_peaks = {
+        w: value(f"the {w} peak", [d["regions"].get(w, (0,))[0] for d in details]) for w in regions
+    }
+    phase_peaks: dict[str, int] = {}
+    for w, v in region_peaks.items():
+        ph = w.partition("@")[0]
+        phase_peaks[ph] = max(phase_peaks.get(ph, 0), v)
+    where = max(region_peaks, key=region_peaks.get)
+    peak_phase = where.partition("@")[0]
+    if any(where not in d["regions"] for d in details):
+        raise Nonlinear(f"the peak's place ({where})")
+    # What a trace adds to its peak after the event log (the CPU RNG states of checkpointed
+    # layers, asrfit.memory.simulate): the same at every depth.
+    extra = {
+        r.peak_bytes - max(v[0] for v in d["regions"].values())
+        for r, d in zip(runs, details, strict=True)
+    }
+    if len(extra) != 1:
+        raise Nonlinear("the bytes added after the trace")
+    extra_bytes = extra.pop()
+    at = [d["regions"][where] for d in details]
+    breakdown = {
+        c: value(f"category {c}", [b.get(c, 0) for _, b, _ in at]) for c in last.breakdown_bytes
+    }
+    breakdown["activations"] += extra_bytes
+    peak = region_peaks[where] + extra_bytes
+    step_peaks = [
+        value(f"step {i + 1}'s peak", [r.step_peaks_bytes[i] for r in runs])
+        for i in range(len(last.step_peaks_bytes) - 1)
+    ] + [peak]
+    counts = [Counter(sizes) for _, _, sizes in at]
+    block_sizes: list[int] = []
+    for size in sorted(set().union(*counts)):
+        k = value(f"blocks of {size} bytes at the peak", [c.get(size, 0) for c in counts])
+        block_sizes.extend([size] * k)
+    try:
+        raw = value("the raw peak", [r.peak_raw_bytes for r in runs])
+    except Nonlinear:  # the unrounded peak (CPU allocators only) may sit elsewhere: bounded
+        raw = peak
+    rows: dict[tuple, list[int]] = {}
+    for j, r in enumerate(runs):
+        for row in r.cost.rows:
+            rows.setdefault(tuple(row[:6]), [0] * len(runs))[j] += row[6]
+    cost_rows = []
+    # Rows whose count is not linear (a kernel over all parameters at once, whose size grows
+    # with the depth): per (phase, kind, dtype), their totals, extrapolated as one row.
+    odd: dict[tuple, list[list[int]]] = {}
+    odd_keys: set[tuple] = set()
+    for key, cs in rows.items():
+        try:
+            c = value(f"kernel count {key[:2]}", cs)
+        except Nonlinear:
+            odd_keys.add(key)
+            totals = odd.setdefault(key[:3], [[0] * len(runs) for _ in range(4)])
+            for j, n in enumerate(cs):
+                for t, f in enumerate((key[3], key[4], key[5], 1)):
+                    totals[t][j] += f * n
+            continue
+        if c:
+            cost_rows.append([*key, c])
+    unscaled = []
+    for key, totals in odd.items():
+        # (the bytes of a few backward copies vary between two traces of the same step: where
+        # these totals are not linear, the deepest trace's rows are kept as they are)
+        try:
+            flops, nbytes, tensors, calls = (
+                value(f"kernels {key[:2]}", t, COST_TOLERANCE) for t in totals
+            )
+        except Nonlinear:
+            unscaled.append("/".join(key))
+            cost_rows.extend(
+                list(r)
+                for r in runs[-1].cost.rows
+                if tuple(r[:3]) == key and tuple(r[:6]) in odd_keys
+            )
+            continue
+        if calls > 0:
+            cost_rows.append([*key, flops // calls, nbytes // calls, round(tensors / calls), calls])
+    transient = {r.largest_transient_bytes for r in runs}
+    if len(transient) != 1:
+        raise Nonlinear("the largest workspace")
+    layers = ", ".join(f"{k} x{n}" for k, n in zip(keys, real, strict=True))
+    return StepMemory(
+        model=last.model,
+        setup=last.setup,
+        batch=last.batch,
+        target=last.target,
+        peak_bytes=peak,
+        peak_raw_bytes=raw,
+        breakdown_bytes=breakdown,
+        step_peaks_bytes=step_peaks,
+        peak_phase=peak_phase,
+        largest_transient_bytes=transient.pop(),
+        peak_segment_bytes=segment_bytes(block_sizes),
+        phase_peaks_bytes=phase_peaks,
+        optimizer_state_bytes=value("optimizer state", [r.optimizer_state_bytes for r in runs]),
+        flops=value("FLOPs", [r.flops for r in runs]),
+        assumptions=sorted(set().union(*(r.assumptions for r in runs)))
+        + [f"depth: scaled from {len(runs)} traces at reduced depth to {layers}"]
+        + [f"depth: kernel rows {', '.join(unscaled)} not scaled (time model)"] * bool(unscaled),
+        trace_seconds=sum(r.trace_seconds for r in runs),
+        cost=StepCost(cost_rows),
+    )
+
+
+__all__ = ["Nonlinear", "layer_groups", "scaled_step"]
