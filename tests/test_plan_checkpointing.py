@@ -82,7 +82,10 @@ def test_plan_uses_partial_checkpointing_and_says_why(
         for i, d in enumerate(np.linspace(1.0, 8.0, 40))
     ]
     dataset = DatasetProfile.from_manifest(write_manifest(tmp_path / "train.jsonl", rows))
-    monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: 300 * MIB))
+    # a budget where the planner's own choice of optimizer (8-bit AdamW, less state than
+    # the AdamW of the test above) still leaves no-checkpointing batches small: at 300 MiB
+    # none and 1 of 4 layers are within 0.5 % of each other
+    monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: 260 * MIB))
     p = plan(HardwareProfile.from_name("L4"), dataset, _config(), target_effective_batch=512)
     k = p.setup.checkpoint_layers
     assert 0 < k < LAYERS and f"+ckpt{k} " in p.setup.describe()

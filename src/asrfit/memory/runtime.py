@@ -7,8 +7,8 @@ for each op that runs a kernel:
 
 - its **kind**: matmul (``mm``, ``addmm``, ``bmm``, ``baddbmm``), attention (the fused
   scaled-dot-product kernels), conv, norm, softmax, activation (GELU, SiLU, exp, ...),
-  loss, reduction, copy, elementwise, or
-  optimizer (anything in the optimizer step or ``zero_grad``);
+  loss, reduction, copy, random (dropout's ``bernoulli_``: bound by the generator),
+  elementwise, or optimizer (anything in the optimizer step or ``zero_grad``);
 - its **FLOPs** (``torch.utils.flop_counter``'s formulas; the CPU flash-attention kernels,
   which that table lacks, as ``4 B H L S D`` forward and 2.5x that backward);
 - its **bytes moved**: every distinct tensor read or written, at most its storage's size
@@ -53,8 +53,10 @@ KINDS = (
     "copy",
     "elementwise",
     "optimizer",
+    "random",
+    "module",
 )
-RUNTIME_VERSION = 2  # bump when the counts of OpCounter change (simulation cache key)
+RUNTIME_VERSION = 5  # bump when the counts of OpCounter change (simulation cache key)
 STEP_PHASES = ("forward", "backward", "optimizer", "zero_grad")
 GPU_FOREACH_TENSORS_PER_LAUNCH = 48
 
@@ -86,6 +88,10 @@ _COPY = {"_to_copy", "copy_", "clone", "cat", "stack", "contiguous", "_copy_from
          "fill_", "zero_", "zeros", "ones", "full", "new_zeros", "new_full", "zeros_like",
          "ones_like", "full_like", "scalar_tensor", "nonzero", "slice_backward",
          "select_backward", "new_empty_strided"}  # fmt: skip
+# random number generation (dropout's mask): bound by the generator, not by bandwidth
+_RANDOM = {"bernoulli", "native_dropout", "rand", "randn", "rand_like", "randn_like", "normal",
+           "uniform", "randint", "randint_like", "randperm", "multinomial", "exponential",
+           "geometric", "random", "cauchy", "log_normal"}  # fmt: skip
 _ATTENTION_FWD_CPU = "_scaled_dot_product_flash_attention_for_cpu"
 
 
@@ -116,6 +122,8 @@ def op_kind(name: str) -> str:
         return "loss"
     if base in _ACTIVATION or base.removesuffix("_backward") in _ACTIVATION:
         return "activation"
+    if base in _RANDOM:
+        return "random"
     if base in _REDUCTION:
         return "reduction"
     if base in _COPY or name in _COPY:
@@ -150,7 +158,8 @@ class StepCost(JsonDataclass):
         rows: One row per distinct op cost: ``[phase, kind, dtype, flops, bytes, tensors,
             count]``: the phase it ran in, its kind (:data:`KINDS`), compute dtype ("fp32",
             "bf16", "fp16"), FLOPs and bytes moved by one call, tensors touched (kernels on a
-            CPU), and how many calls had exactly these figures.
+            CPU), and how many calls had exactly these figures. A row of kind "module"
+            counts ``nn.Module`` calls (0 FLOPs, 0 bytes, 0 tensors: no kernel).
     """
 
     rows: list[list] = field(default_factory=list)
@@ -167,8 +176,13 @@ class StepCost(JsonDataclass):
 
     @property
     def calls(self) -> int:
-        """Op calls (kernels on a GPU, before foreach splitting)."""
-        return sum(r[6] for r in self.rows)
+        """Op calls (kernels on a GPU, before foreach splitting); module calls not included."""
+        return sum(r[6] for r in self.rows if r[1] != "module")
+
+    @property
+    def module_calls(self) -> int:
+        """``nn.Module`` calls (rows of kind "module")."""
+        return sum(r[6] for r in self.rows if r[1] == "module")
 
     def select(self, phases: tuple[str, ...]) -> StepCost:
         """The rows of ``phases`` only (e.g. forward + backward, or the optimizer step)."""
@@ -189,6 +203,26 @@ class OpCounter(TorchDispatchMode):
         self.tracker = tracker
         self.default_phase = phase
         self.counts: dict[int, Counter] = {}
+        self._module_hook: Any = None
+
+    def __enter__(self) -> OpCounter:
+        # every nn.Module call (the Python a model runs around its kernels; checkpointing's
+        # recompute calls them again in backward) is a row of kind "module"
+        self._module_hook = torch.nn.modules.module.register_module_forward_pre_hook(
+            self._module_called
+        )
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._module_hook is not None:
+            self._module_hook.remove()
+            self._module_hook = None
+        super().__exit__(*exc)
+
+    def _module_called(self, module: Any, args: Any) -> None:
+        phase = self.tracker.phase if self.tracker is not None else self.default_phase
+        step = self.tracker.step if self.tracker is not None else 1
+        self.counts.setdefault(step, Counter())[(phase, "module", "fp32", 0, 0, 0)] += 1
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -237,6 +271,8 @@ class OpCounter(TorchDispatchMode):
 
 
 def _kernels(tensors: int, rates: DeviceRates) -> float:
+    if tensors == 0:  # a module call: Python around kernels, no kernel of its own
+        return 0.0
     if not rates.asynchronous:  # CPU: a foreach op loops over its tensors, one dispatch each
         return float(tensors)
     return float(math.ceil(tensors / GPU_FOREACH_TENSORS_PER_LAUNCH)) if tensors > 1 else 1.0
@@ -245,8 +281,10 @@ def _kernels(tensors: int, rates: DeviceRates) -> float:
 def _device_seconds(row: list, rates: DeviceRates) -> float:
     """Roofline seconds of the arithmetic and memory traffic of one call of a row."""
     _, kind, dtype, flops, nbytes, _, _ = row
-    if kind in ("matmul", "attention"):
+    if kind == "matmul":
         compute = flops / rates.matmul_rate(dtype)
+    elif kind == "attention":
+        compute = flops / rates.attention_rate(dtype)
     elif kind == "conv":
         compute = flops / rates.conv_rate(dtype)
     else:
@@ -255,9 +293,10 @@ def _device_seconds(row: list, rates: DeviceRates) -> float:
 
 
 def _host_seconds(row: list, rates: DeviceRates) -> float:
-    """Fixed per-kernel cost of one call of a row (Python + dispatch in forward)."""
-    per_kernel = rates.forward_kernel_seconds if row[0] == "forward" else rates.kernel_seconds
-    return _kernels(row[5], rates) * per_kernel
+    """Fixed cost of one call of a row (host work: Python, dispatch, autograd)."""
+    if row[1] == "module":
+        return rates.module_seconds
+    return _kernels(row[5], rates) * rates.fixed_seconds(row[0], row[1])
 
 
 def op_seconds(row: list, rates: DeviceRates) -> float:

@@ -35,17 +35,18 @@ from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-HOST_RATES_VERSION = 9  # bump when a micro-benchmark changes
+HOST_RATES_VERSION = 14  # bump when a micro-benchmark changes
 REPEATS = 5
 _MATMUL_N = 1024
 _BANDWIDTH_NUMEL = 4 << 20
-_BLOCKS = 8
+_CHAIN = 16
 _KERNEL_REPEATS = 30
-# Real ASR models spend more host time per kernel than the micro-benchmark's tiny nn
-# blocks (masks, shape logic and hooks run in Python between kernels). One least-squares
-# factor, fitted on the FITTED cases of bench/step_time_accuracy.py (``--fit``: wav2vec2,
-# whisper, parakeet-ctc) under load; the held-out families there were not used.
-KERNEL_FACTOR = 1.7
+_OPTIMIZER_PARAMS = 100
+# A model's modules run more Python than the micro-benchmark's bare module (shape logic,
+# masks, config checks, hooks, the autograd nodes of their views): a least-squares factor
+# on :func:`_module_seconds`, fitted on the FITTED cases of bench/step_time_accuracy.py
+# (``--fit``: wav2vec2, whisper, parakeet-ctc); the held-out families there were not used.
+MODULE_FACTOR = 58.5
 
 
 def _best_seconds(
@@ -90,17 +91,42 @@ def _conv_rate(dtype: object) -> float:
     return flops / _best_seconds(lambda: torch.nn.functional.conv1d(x, w))
 
 
+def _attention_rate(dtype: object) -> float:
+    """FLOP/s of a training step's fused attention (forward + backward) on this CPU.
+
+    The CPU flash-attention kernels are not GEMMs: their bf16 backward, on a CPU with
+    native bf16 matmuls, ran at a fraction of the bf16 GEMM rate. FLOPs as
+    :mod:`asrfit.memory.runtime` counts them: ``4 B H L S D`` forward, 2.5x that backward.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    b, h, length, d = 2, 4, 256, 64
+    q, k, v = (torch.randn(b, h, length, d, dtype=dtype, requires_grad=True) for _ in range(3))
+    out = F.scaled_dot_product_attention(q, k, v)
+    grad = torch.ones_like(out)
+    forward = _best_seconds(lambda: F.scaled_dot_product_attention(q, k, v))
+    backward = _best_seconds(
+        lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+    )
+    flops = 4 * b * h * length * length * d * 3.5
+    return flops / (forward + backward)
+
+
 def _kind_bandwidths() -> dict[str, float]:
-    """Bytes/s of layer norm, softmax and GELU over 4 Mi floats (read input, write output)."""
+    """Bytes/s of layer norm, softmax, GELU and dropout's mask over 4 Mi floats (read
+    input, write output; the in-place ``bernoulli_`` reads and writes its tensor)."""
     import torch
     import torch.nn.functional as F
 
     x = torch.randn(_BANDWIDTH_NUMEL // 256, 256)
+    mask = torch.empty_like(x)
     nbytes = 2 * x.nbytes
     return {
         "norm": nbytes / _best_seconds(lambda: F.layer_norm(x, (256,))),
         "softmax": nbytes / _best_seconds(lambda: torch.softmax(x, -1)),
         "activation": nbytes / _best_seconds(lambda: F.gelu(x)),
+        "random": nbytes / _best_seconds(lambda: mask.bernoulli_(0.9)),
     }
 
 
@@ -128,40 +154,123 @@ class _KernelCount:
         self.mode = Mode()
 
 
-def _kernel_seconds() -> tuple[float, float]:
-    """(seconds per forward kernel, seconds per backward kernel) of eager autograd."""
+def _kind_chains() -> dict[str, Callable[[object], object]]:
+    """One shape-preserving op per kernel kind, on a tiny ``(2, 16, 8)`` tensor."""
     import torch
-    from torch import nn
+    import torch.nn.functional as F
 
     torch.manual_seed(0)
-    blocks = [
-        nn.Sequential(
-            nn.LayerNorm(16), nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 16)
-        )
-        for _ in range(_BLOCKS)
-    ]
-    model = nn.Sequential(*blocks)
-    x = torch.randn(2, 8, 16)
+    w = torch.randn(8, 8, requires_grad=True)
+    cw = torch.randn(16, 16, 3, requires_grad=True)
+    return {
+        "elementwise": lambda x: x * 1.01,
+        "matmul": lambda x: F.linear(x, w),
+        "conv": lambda x: F.conv1d(x, cw, padding=1),
+        "norm": lambda x: F.layer_norm(x, (8,)),
+        "softmax": lambda x: torch.softmax(x, -1),
+        "activation": lambda x: F.gelu(x),
+        "attention": lambda x: F.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None])[
+            :, 0
+        ],
+    }
 
-    def forward() -> torch.Tensor:
-        model.zero_grad(set_to_none=True)
-        return model(x).sum()
 
+def _per_kernel(run: Callable[[], object]) -> tuple[float, float]:
+    """(seconds per forward kernel, per backward kernel) of ``run`` (returns a tensor)."""
     forward_count, backward_count = _KernelCount(), _KernelCount()
     with forward_count.mode:
-        loss = forward()
+        loss = run().sum()
     with backward_count.mode:
         loss.backward(retain_graph=True)
     # many short repeats: the best one is a moment when no other process held the core
-    forward_seconds = _best_seconds(forward, _KERNEL_REPEATS, 0.002)
+    forward_seconds = _best_seconds(run, _KERNEL_REPEATS, 0.002)
     # the same graph run backward again and again (gradients accumulate: same kernels)
     backward_seconds = _best_seconds(
         lambda: loss.backward(retain_graph=True), _KERNEL_REPEATS, 0.002
     )
     return (
-        forward_seconds / forward_count.kernels,
-        backward_seconds / backward_count.kernels,
+        forward_seconds / max(forward_count.kernels, 1),
+        backward_seconds / max(backward_count.kernels, 1),
     )
+
+
+def _kernel_seconds() -> dict[str, list[float]]:
+    """``{kind: [seconds per forward kernel, per backward kernel]}`` of eager autograd.
+
+    A chain of :data:`_CHAIN` ops of one kind on a tiny tensor, called from Python as a
+    model's ``forward`` calls them (dispatcher, autograd recording, the kernel's own setup:
+    a oneDNN convolution costs ten times an elementwise op), then run backward.
+    """
+    import torch
+
+    out: dict[str, list[float]] = {}
+    for kind, op in _kind_chains().items():
+        x = torch.randn(2, 16, 8, requires_grad=True)
+
+        def run(op: Callable[[object], object] = op, x: object = x) -> object:
+            y = x
+            for _ in range(_CHAIN):
+                y = op(y)
+            return y
+
+        out[kind] = list(_per_kernel(run))
+    return out
+
+
+def _module_seconds() -> float:
+    """Seconds one ``nn.Module`` call adds to the same op called bare (forward + backward)."""
+    import torch
+    from torch import nn
+
+    class Scale(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 1.01
+
+    chain = nn.Sequential(*[Scale() for _ in range(_CHAIN)])
+    x = torch.randn(2, 16, 8, requires_grad=True)
+
+    def bare() -> torch.Tensor:
+        y = x
+        for _ in range(_CHAIN):
+            y = y * 1.01
+        return y
+
+    def both(run: Callable[[], torch.Tensor]) -> float:
+        loss = run().sum()
+        backward = _best_seconds(lambda: loss.backward(retain_graph=True), _KERNEL_REPEATS, 0.002)
+        return _best_seconds(run, _KERNEL_REPEATS, 0.002) + backward
+
+    return max(both(lambda: chain(x)) - both(bare), 0.0) / _CHAIN
+
+
+def _optimizer_kernel_seconds() -> float:
+    """Seconds per kernel of an AdamW step and ``zero_grad`` over many small parameters.
+
+    The optimizer loops over parameters in C++ (foreach) or Python (per tensor) with no
+    autograd and no module calls, so its kernels cost less than a model's.
+    """
+    import torch
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64)) for _ in range(_OPTIMIZER_PARAMS)]
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+
+    def step() -> None:
+        for p in params:
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the state exists from here on, as in every step after the first
+    count = _KernelCount()
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with count.mode:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    grads = _best_seconds(lambda: [torch.ones_like(p) for p in params], _KERNEL_REPEATS, 0.002)
+    seconds = _best_seconds(step, _KERNEL_REPEATS, 0.002) - grads
+    return max(seconds, 0.0) / max(count.kernels, 1)
 
 
 def measure_host_rates(threads: int | None = None) -> DeviceRates:
@@ -181,25 +290,37 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
     try:
         matmul = {"fp32": _matmul_rate(torch.float32), "bf16": _matmul_rate(torch.bfloat16)}
         conv = {"fp32": _conv_rate(torch.float32), "bf16": _conv_rate(torch.bfloat16)}
+        attention = {
+            "fp32": _attention_rate(torch.float32),
+            "bf16": _attention_rate(torch.bfloat16),
+        }
         bandwidth = _bandwidth()
         kinds = _kind_bandwidths()
-        forward_kernel, kernel = _kernel_seconds()
+        by_kind = _kernel_seconds()
+        module = _module_seconds()
+        optimizer_kernel = _optimizer_kernel_seconds()
     finally:
         torch.set_num_threads(previous)
     return DeviceRates(
         name=f"cpu: {threads} threads of {_cpu_model()}",
         matmul_flops_per_second=matmul,
         conv_flops_per_second=conv,
+        attention_flops_per_second=attention,
         memory_bytes_per_second=bandwidth,
-        kernel_seconds=kernel * KERNEL_FACTOR,
-        forward_kernel_seconds=forward_kernel * KERNEL_FACTOR,
+        kernel_seconds=by_kind["elementwise"][1],
+        forward_kernel_seconds=by_kind["elementwise"][0],
+        kernel_seconds_by_kind=by_kind,
+        module_seconds=module * MODULE_FACTOR,
         threads=threads,
         kind_bytes_per_second=kinds,
+        optimizer_kernel_seconds=optimizer_kernel,
         sources=[
             f"measured on this machine ({platform.node()}), best of {REPEATS} repeats at "
-            f"{threads} threads: linear {_MATMUL_N}^3 (bf16 {_MATMUL_N // 2}^3), conv1d 128ch k5, add over 3 x 16 MiB, layer norm / softmax / GELU over 16 MiB, "
-            f"forward+backward of {_BLOCKS} tiny LayerNorm-Linear-GELU-Dropout-Linear blocks per kernel "
-            f"x {KERNEL_FACTOR} (fitted in bench/step_time_accuracy.py) (asrfit.profiles.host)"
+            f"{threads} threads: linear {_MATMUL_N}^3 (bf16 {_MATMUL_N // 2}^3), conv1d 128ch k5, scaled_dot_product_attention 2x4x256x64 forward+backward, add over 3 x 16 MiB, layer norm / softmax / GELU / bernoulli_ over 16 MiB, "
+            f"per kernel kind, forward and backward of a chain of {_CHAIN} tiny ops; a module "
+            f"call, {_CHAIN} bare vs wrapped ops, x {MODULE_FACTOR} (fitted in "
+            f"bench/step_time_accuracy.py); an AdamW step over {_OPTIMIZER_PARAMS} small "
+            "parameters per kernel (asrfit.profiles.host)"
         ],
     )
 
@@ -228,7 +349,9 @@ def _cache_file(threads: int) -> Path | None:
     folder = host_cache_dir()
     if folder is None:
         return None
-    key = json.dumps([HOST_RATES_VERSION, _cpu_model(), os.cpu_count(), threads, torch.__version__])
+    key = json.dumps(
+        [HOST_RATES_VERSION, MODULE_FACTOR, _cpu_model(), os.cpu_count(), threads, torch.__version__]
+    )
     return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 

@@ -36,9 +36,18 @@ NO_KERNEL_OPS = frozenset(
 )  # fmt: skip
 
 
+# Namespaces of ops that query or mark and never compute: ``prim::device`` (what a tensor
+# subclass such as FakeTensor answers for every ``.device`` access: thousands per traced
+# step, none in the real one) and the profiler's ``record_function`` ranges.
+NO_KERNEL_NAMESPACES = frozenset({"prim", "profiler"})
+
+
 def runs_kernel(func: Any) -> bool:
-    """False for aten ops that run no kernel: views (every output aliases an input without
-    writing it: ``view``, ``transpose``, ``expand``, ``slice``) and bare allocations."""
+    """False for ops that run no kernel: views (every output aliases an input without
+    writing it: ``view``, ``transpose``, ``expand``, ``slice``), bare allocations, and the
+    queries and markers of :data:`NO_KERNEL_NAMESPACES`."""
+    if getattr(func, "namespace", "aten") in NO_KERNEL_NAMESPACES:
+        return False
     if func._overloadpacket.__name__ in NO_KERNEL_OPS:
         return False
     schema = getattr(func, "_schema", None)
@@ -67,6 +76,19 @@ class DeviceRates(JsonDataclass):
         kind_bytes_per_second: Bandwidth reached by kernels of an op kind that do more than
             stream ("norm", "softmax", "activation": a CPU runs layer norm, softmax and GELU
             well below its ``add`` bandwidth); kinds not here use ``memory_bytes_per_second``.
+        optimizer_kernel_seconds: Fixed cost of one kernel of the optimizer step and
+            ``zero_grad`` (a per-parameter loop without autograd or modules: on a CPU a few
+            times cheaper than a model's kernel). None: ``kernel_seconds``.
+        module_seconds: Host cost of one ``nn.Module`` call beyond its kernels: the Python a
+            model runs in ``forward`` (shape logic, masks, hooks) and the autograd nodes it
+            records. On a CPU it adds to the step; 0 on a GPU, whose
+            ``forward_kernel_seconds`` is a per-kernel host figure with Python included.
+        kernel_seconds_by_kind: ``{kind: [forward, backward]}`` fixed seconds per kernel of
+            that kind (a CPU's oneDNN convolution sets up far longer than an elementwise
+            op); kinds not here use ``forward_kernel_seconds`` / ``kernel_seconds``.
+        attention_flops_per_second: Fused attention FLOP/s by dtype, forward and backward
+            together (a CPU's flash-attention kernels run far from its GEMM rate); a dtype
+            not here uses :meth:`matmul_rate`.
     """
 
     name: str
@@ -78,6 +100,10 @@ class DeviceRates(JsonDataclass):
     threads: int = 0
     sources: list[str] = field(default_factory=list)
     kind_bytes_per_second: dict[str, float] = field(default_factory=dict)
+    optimizer_kernel_seconds: float | None = None
+    module_seconds: float = 0.0
+    kernel_seconds_by_kind: dict[str, list[float]] = field(default_factory=dict)
+    attention_flops_per_second: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for label, table in (
@@ -98,6 +124,17 @@ class DeviceRates(JsonDataclass):
                 f"kernel_seconds >= 0 (got {self.memory_bytes_per_second}, {self.kernel_seconds})."
             )
 
+    def fixed_seconds(self, phase: str, kind: str = "elementwise") -> float:
+        """Fixed cost of one kernel of ``kind`` run in ``phase`` (see the attributes)."""
+        if phase in ("optimizer", "zero_grad"):
+            if self.optimizer_kernel_seconds is not None:
+                return self.optimizer_kernel_seconds
+            return self.kernel_seconds
+        forward = phase == "forward"
+        if kind in self.kernel_seconds_by_kind:
+            return self.kernel_seconds_by_kind[kind][0 if forward else 1]
+        return self.forward_kernel_seconds if forward else self.kernel_seconds
+
     @property
     def asynchronous(self) -> bool:
         """True for a GPU: the host queues kernels while the device runs earlier ones."""
@@ -110,6 +147,12 @@ class DeviceRates(JsonDataclass):
     def matmul_rate(self, dtype: str) -> float:
         """Matmul FLOP/s for ``dtype``; a dtype without its own figure runs at the fp32 rate."""
         return self.matmul_flops_per_second.get(dtype, self.matmul_flops_per_second["fp32"])
+
+    def attention_rate(self, dtype: str) -> float:
+        """Fused attention FLOP/s for ``dtype`` (the matmul rate when not measured)."""
+        if dtype in self.attention_flops_per_second:
+            return self.attention_flops_per_second[dtype]
+        return self.matmul_rate(dtype)
 
     def conv_rate(self, dtype: str) -> float:
         """Convolution FLOP/s for ``dtype`` (fp32's when the dtype has no figure)."""
