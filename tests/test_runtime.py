@@ -122,6 +122,38 @@ def test_memory_bound_ops_use_their_kinds_bandwidth() -> None:
     assert step_seconds(add, rates) == pytest.approx(1e-5 + 10**6 / 1e9)
 
 
+def test_cpu_fixed_costs_by_kind_module_and_optimizer_closed_form() -> None:
+    rates = _cpu_rates(
+        kernel_seconds_by_kind={"conv": [4e-5, 5e-5]},
+        module_seconds=6e-5,
+        optimizer_kernel_seconds=2e-6,
+        attention_flops_per_second={"fp32": 2e8},
+    )
+    cost = StepCost(
+        [
+            ["forward", "conv", "fp32", 0, 0, 1, 2],  # the conv's forward fixed cost
+            ["backward", "conv", "fp32", 0, 0, 1, 1],  # its backward one
+            ["forward", "module", "fp32", 0, 0, 0, 3],  # 3 module calls, no kernel
+            ["optimizer", "optimizer", "fp32", 0, 0, 10, 1],  # 10 tensors: 10 kernels
+            ["forward", "attention", "fp32", 10**6, 0, 1, 1],  # at the attention rate
+        ]
+    )
+    expected = 2 * 4e-5 + 5e-5 + 3 * 6e-5 + 10 * 2e-6 + (2e-5 + 10**6 / 2e8)
+    assert step_seconds(cost, rates) == pytest.approx(expected)
+    assert cost.calls == 2 + 1 + 1 + 1 and cost.module_calls == 3
+
+
+def test_module_calls_are_counted_once_per_call() -> None:
+    model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, OUT))
+    x = torch.randn(B, D)
+    counter = OpCounter()
+    with counter:
+        model(x)
+        model[0](x)
+    # the Sequential and its three children, then one Linear alone
+    assert counter.cost().module_calls == 5
+
+
 def test_gpu_step_is_the_longer_of_host_and_device_time() -> None:
     rates = _cpu_rates(threads=0)  # asynchronous
     tiny = StepCost([["forward", "elementwise", "fp32", 0, 100, 1, 1000]])
