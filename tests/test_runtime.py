@@ -143,6 +143,27 @@ def test_cpu_fixed_costs_by_kind_module_and_optimizer_closed_form() -> None:
     assert cost.calls == 2 + 1 + 1 + 1 and cost.module_calls == 3
 
 
+def test_rate_curves_interpolate_log_log_and_stay_flat_beyond_the_ends() -> None:
+    from asrfit.profiles.rates import BANDWIDTH_BYTES
+
+    rates = _cpu_rates(
+        rate_curves={
+            "matmul": {"fp32": [[10.0, 1e9], [1000.0, 1e11]]},
+            "bandwidth": {"fp32": [[1e6, 4e9], [BANDWIDTH_BYTES, 2e9], [1e12, 2e9]]},
+        }
+    )
+    assert rates.matmul_rate("fp32", 100.0) == pytest.approx(1e10)  # halfway in log-log
+    assert rates.matmul_rate("fp32", 1.0) == pytest.approx(1e9)
+    assert rates.matmul_rate("fp32", 1e6) == pytest.approx(1e11)
+    assert rates.matmul_rate("fp32") == 1e9  # no intensity: the single figure
+    assert rates.conv_rate("fp32", 100.0) == 2e8  # no conv curve: the single figure
+    # the measured bandwidth (1e9 here) scaled by curve(bytes) / curve(reference bytes)
+    assert rates.bandwidth("elementwise", 1e6) == pytest.approx(2e9)
+    assert rates.bandwidth("elementwise", BANDWIDTH_BYTES) == pytest.approx(1e9)
+    row = ["forward", "matmul", "fp32", 10**8, 10**6, 1, 1]  # 100 FLOPs per byte
+    assert step_seconds(StepCost([row]), rates) == pytest.approx(2e-5 + 10**8 / 1e10)
+
+
 def test_module_calls_are_counted_once_per_call() -> None:
     model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, OUT))
     x = torch.randn(B, D)

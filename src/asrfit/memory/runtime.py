@@ -281,15 +281,16 @@ def _kernels(tensors: int, rates: DeviceRates) -> float:
 def _device_seconds(row: list, rates: DeviceRates) -> float:
     """Roofline seconds of the arithmetic and memory traffic of one call of a row."""
     _, kind, dtype, flops, nbytes, _, _ = row
+    intensity = flops / nbytes if nbytes else None
     if kind == "matmul":
-        compute = flops / rates.matmul_rate(dtype)
+        compute = flops / rates.matmul_rate(dtype, intensity)
     elif kind == "attention":
         compute = flops / rates.attention_rate(dtype)
     elif kind == "conv":
-        compute = flops / rates.conv_rate(dtype)
+        compute = flops / rates.conv_rate(dtype, intensity)
     else:
         compute = 0.0
-    return max(compute, nbytes / rates.bandwidth(kind))
+    return max(compute, nbytes / rates.bandwidth(kind, nbytes))
 
 
 def _host_seconds(row: list, rates: DeviceRates) -> float:

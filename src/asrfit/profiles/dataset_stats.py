@@ -185,7 +185,9 @@ def read_headers(sample: list[SampledUtterance], where: str) -> tuple[dict[int, 
             log("%s: utterance #%d: audio file %s does not exist", where, utt.index, utt.audio)
             continue
         try:
-            headers[utt.index] = read_audio_header(utt.audio, where=f"{where}, utterance #{utt.index}")
+            headers[utt.index] = read_audio_header(
+                utt.audio, where=f"{where}, utterance #{utt.index}"
+            )
         except AudioError as err:  # one corrupt file does not stop a profile: counted, named
             unreadable.append(str(err))
     warn_missing(missing, len(seen), where)

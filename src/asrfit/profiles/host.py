@@ -35,7 +35,7 @@ from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-HOST_RATES_VERSION = 14  # bump when a micro-benchmark changes
+HOST_RATES_VERSION = 17  # bump when a micro-benchmark changes
 REPEATS = 5
 _MATMUL_N = 1024
 _BANDWIDTH_NUMEL = 4 << 20
@@ -46,7 +46,7 @@ _OPTIMIZER_PARAMS = 100
 # masks, config checks, hooks, the autograd nodes of their views): a least-squares factor
 # on :func:`_module_seconds`, fitted on the FITTED cases of bench/step_time_accuracy.py
 # (``--fit``: wav2vec2, whisper, parakeet-ctc); the held-out families there were not used.
-MODULE_FACTOR = 58.5
+MODULE_FACTOR = 51.0
 
 
 def _best_seconds(
@@ -91,6 +91,77 @@ def _conv_rate(dtype: object) -> float:
     return flops / _best_seconds(lambda: torch.nn.functional.conv1d(x, w))
 
 
+def _rate_curve(cases: list[Callable[[], Callable[[], object]]], kind: str) -> list[list[float]]:
+    """``[[intensity, FLOP/s], ...]`` by intensity: each case's work, its FLOPs and bytes as
+    the simulator's :class:`~asrfit.memory.runtime.OpCounter` counts them (ops of ``kind``
+    only), over its best time. A GEMM or a convolution reaches a rate that depends on its
+    shape: small or thin ones (a depthwise convolution, a 1-channel input) run far below
+    the large dense case, and their bytes per FLOP tell them apart."""
+    from asrfit.memory.runtime import OpCounter
+
+    points = []
+    for make in cases:
+        run = make()
+        counter = OpCounter()
+        with counter:
+            run()
+        rows = [r for r in counter.cost().rows if r[1] == kind]
+        flops = sum(r[3] * r[6] for r in rows)
+        nbytes = sum(r[4] * r[6] for r in rows)
+        if flops > 0 and nbytes > 0:
+            points.append([flops / nbytes, flops / _best_seconds(run)])
+    return sorted(points)
+
+
+def _matmul_curve(dtype: object) -> list[list[float]]:
+    """``F.linear`` of square sizes 32 to 1024 (bf16 to 512)."""
+    import torch
+    import torch.nn.functional as F
+
+    largest = _MATMUL_N if dtype == torch.float32 else _MATMUL_N // 2
+
+    def case(n: int) -> Callable[[], Callable[[], object]]:
+        def make() -> Callable[[], object]:
+            a, w = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            return lambda: F.linear(a, w)
+
+        return make
+
+    sizes = [n for n in (32, 64, 128, 256, 512, 1024) if n <= largest]
+    return _rate_curve([case(n) for n in sizes], "matmul")
+
+
+def _conv_curve(dtype: object) -> list[list[float]]:
+    """Forward + backward of the convolutions speech models train: dense conv1d of 16 to
+    256 channels, a depthwise conv1d (Conformer), and conv2d subsampling from 1 and from 32
+    channels (dense and depthwise), batch 4."""
+    import torch
+    import torch.nn.functional as F
+
+    def case(shape: tuple, weight: tuple, conv: Callable, **kw: object) -> Callable:
+        def make() -> Callable[[], object]:
+            x = torch.randn(*shape, dtype=dtype, requires_grad=True)
+            w = torch.randn(*weight, dtype=dtype, requires_grad=True)
+            out = conv(x, w, **kw)
+            grad = torch.ones_like(out)
+
+            def run() -> object:
+                y = conv(x, w, **kw)
+                return torch.autograd.grad(y, (x, w), grad)
+
+            return run
+
+        return make
+
+    cases = [case((4, c, 500), (c, c, 5), F.conv1d, padding=2) for c in (16, 64, 256)] + [
+        case((4, 256, 500), (256, 1, 15), F.conv1d, padding=7, groups=256),
+        case((4, 1, 200, 80), (32, 1, 3, 3), F.conv2d, stride=2, padding=1),
+        case((4, 32, 100, 40), (32, 32, 3, 3), F.conv2d, stride=2, padding=1),
+        case((4, 32, 100, 40), (32, 1, 3, 3), F.conv2d, stride=2, padding=1, groups=32),
+    ]
+    return _rate_curve(cases, "conv")
+
+
 def _attention_rate(dtype: object) -> float:
     """FLOP/s of a training step's fused attention (forward + backward) on this CPU.
 
@@ -106,9 +177,7 @@ def _attention_rate(dtype: object) -> float:
     out = F.scaled_dot_product_attention(q, k, v)
     grad = torch.ones_like(out)
     forward = _best_seconds(lambda: F.scaled_dot_product_attention(q, k, v))
-    backward = _best_seconds(
-        lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
-    )
+    backward = _best_seconds(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
     flops = 4 * b * h * length * length * d * 3.5
     return flops / (forward + backward)
 
@@ -135,6 +204,22 @@ def _bandwidth() -> float:
 
     a, b, c = (torch.randn(_BANDWIDTH_NUMEL) for _ in range(3))
     return 3 * a.nbytes / _best_seconds(lambda: torch.add(a, b, out=c))
+
+
+def _bandwidth_curve() -> list[list[float]]:
+    """``[[bytes moved, bytes/s], ...]`` of ``torch.add`` of two arrays of 256 KiB to
+    256 MiB each into a new one, as a training step's ops allocate their outputs. Arrays
+    that stay in the caches stream faster than the ones that go to DRAM, and an output
+    above glibc's largest mmap threshold (32 MiB) is a fresh mapping whose pages the
+    kernel faults in and zeroes on first touch: on the development machine 78 GB/s at
+    16 MiB arrays, 14 GB/s at 32 MiB and above (53 GB/s into an existing array)."""
+    import torch
+
+    def point(numel: int) -> list[float]:
+        a, b = torch.randn(numel), torch.randn(numel)
+        return [3 * a.nbytes, 3 * a.nbytes / _best_seconds(lambda: torch.add(a, b))]
+
+    return [point(numel) for numel in (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)]
 
 
 class _KernelCount:
@@ -294,6 +379,11 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
             "fp32": _attention_rate(torch.float32),
             "bf16": _attention_rate(torch.bfloat16),
         }
+        curves = {
+            kind: {"fp32": make(torch.float32), "bf16": make(torch.bfloat16)}
+            for kind, make in (("matmul", _matmul_curve), ("conv", _conv_curve))
+        }
+        curves["bandwidth"] = {"fp32": _bandwidth_curve()}
         bandwidth = _bandwidth()
         kinds = _kind_bandwidths()
         by_kind = _kernel_seconds()
@@ -306,6 +396,7 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
         matmul_flops_per_second=matmul,
         conv_flops_per_second=conv,
         attention_flops_per_second=attention,
+        rate_curves=curves,
         memory_bytes_per_second=bandwidth,
         kernel_seconds=by_kind["elementwise"][1],
         forward_kernel_seconds=by_kind["elementwise"][0],
@@ -316,7 +407,7 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
         optimizer_kernel_seconds=optimizer_kernel,
         sources=[
             f"measured on this machine ({platform.node()}), best of {REPEATS} repeats at "
-            f"{threads} threads: linear {_MATMUL_N}^3 (bf16 {_MATMUL_N // 2}^3), conv1d 128ch k5, scaled_dot_product_attention 2x4x256x64 forward+backward, add over 3 x 16 MiB, layer norm / softmax / GELU / bernoulli_ over 16 MiB, "
+            f"{threads} threads: linear {_MATMUL_N}^3 (bf16 {_MATMUL_N // 2}^3), conv1d 128ch k5, scaled_dot_product_attention 2x4x256x64 forward+backward, F.linear at 32^2..1024^2 and 7 convolutions forward+backward by bytes per FLOP, add over 3 arrays of 256 KiB to 256 MiB and over 3 x 16 MiB, layer norm / softmax / GELU / bernoulli_ over 16 MiB, "
             f"per kernel kind, forward and backward of a chain of {_CHAIN} tiny ops; a module "
             f"call, {_CHAIN} bare vs wrapped ops, x {MODULE_FACTOR} (fitted in "
             f"bench/step_time_accuracy.py); an AdamW step over {_OPTIMIZER_PARAMS} small "
@@ -350,7 +441,14 @@ def _cache_file(threads: int) -> Path | None:
     if folder is None:
         return None
     key = json.dumps(
-        [HOST_RATES_VERSION, MODULE_FACTOR, _cpu_model(), os.cpu_count(), threads, torch.__version__]
+        [
+            HOST_RATES_VERSION,
+            MODULE_FACTOR,
+            _cpu_model(),
+            os.cpu_count(),
+            threads,
+            torch.__version__,
+        ]
     )
     return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 

@@ -10,6 +10,7 @@ this machine by :mod:`asrfit.profiles.host`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,9 @@ GPU_BANDWIDTH_EFFICIENCY = 0.85
 GPU_KERNEL_SECONDS = 5e-6
 GPU_FORWARD_KERNEL_SECONDS = 15e-6
 DTYPES = ("fp32", "bf16", "fp16")
+# bytes moved by the micro-benchmarks behind ``memory_bytes_per_second`` and
+# ``kind_bytes_per_second`` (asrfit.profiles.host: 3 arrays of 4 Mi floats)
+BANDWIDTH_BYTES = 3 * 4 * (4 << 20)
 # aten ops that allocate or relabel without running a kernel
 NO_KERNEL_OPS = frozenset(
     {"empty", "empty_like", "empty_strided", "new_empty", "detach", "lift_fresh", "alias",
@@ -89,6 +93,12 @@ class DeviceRates(JsonDataclass):
         attention_flops_per_second: Fused attention FLOP/s by dtype, forward and backward
             together (a CPU's flash-attention kernels run far from its GEMM rate); a dtype
             not here uses :meth:`matmul_rate`.
+        rate_curves: ``{"matmul" | "conv": {dtype: [[FLOPs per byte, FLOP/s], ...]}}`` and
+            ``{"bandwidth": {"fp32": [[bytes moved, bytes/s], ...]}}``
+            measured at several shapes (a CPU's small or thin GEMMs and depthwise
+            convolutions run far below its large-GEMM rate); an op's rate is read off the
+            curve at its own FLOPs per byte (log-log interpolation, flat beyond the ends).
+            Absent: the single figures above.
     """
 
     name: str
@@ -104,6 +114,7 @@ class DeviceRates(JsonDataclass):
     module_seconds: float = 0.0
     kernel_seconds_by_kind: dict[str, list[float]] = field(default_factory=dict)
     attention_flops_per_second: dict[str, float] = field(default_factory=dict)
+    rate_curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for label, table in (
@@ -140,13 +151,27 @@ class DeviceRates(JsonDataclass):
         """True for a GPU: the host queues kernels while the device runs earlier ones."""
         return self.threads == 0
 
-    def bandwidth(self, kind: str) -> float:
-        """Bytes per second that kernels of ``kind`` move."""
-        return self.kind_bytes_per_second.get(kind, self.memory_bytes_per_second)
+    def bandwidth(self, kind: str, nbytes: float | None = None) -> float:
+        """Bytes per second that kernels of ``kind`` move; with a measured bandwidth curve
+        and ``nbytes``, scaled by how the streaming bandwidth at ``nbytes`` compares with
+        the one at the size the figures were measured at (:data:`BANDWIDTH_BYTES`)."""
+        base = self.kind_bytes_per_second.get(kind, self.memory_bytes_per_second)
+        curve = self._curve("bandwidth", "fp32")
+        if not curve or nbytes is None or nbytes <= 0:
+            return base
+        return base * _interpolate(curve, nbytes) / _interpolate(curve, BANDWIDTH_BYTES)
 
-    def matmul_rate(self, dtype: str) -> float:
-        """Matmul FLOP/s for ``dtype``; a dtype without its own figure runs at the fp32 rate."""
+    def matmul_rate(self, dtype: str, intensity: float | None = None) -> float:
+        """Matmul FLOP/s for ``dtype`` (at ``intensity`` FLOPs per byte where a curve was
+        measured); a dtype without its own figure runs at the fp32 rate."""
+        curve = self._curve("matmul", dtype)
+        if curve and intensity is not None:
+            return _interpolate(curve, intensity)
         return self.matmul_flops_per_second.get(dtype, self.matmul_flops_per_second["fp32"])
+
+    def _curve(self, kind: str, dtype: str) -> list[list[float]]:
+        curves = self.rate_curves.get(kind, {})
+        return curves.get(dtype) or curves.get("fp32") or []
 
     def attention_rate(self, dtype: str) -> float:
         """Fused attention FLOP/s for ``dtype`` (the matmul rate when not measured)."""
@@ -154,9 +179,29 @@ class DeviceRates(JsonDataclass):
             return self.attention_flops_per_second[dtype]
         return self.matmul_rate(dtype)
 
-    def conv_rate(self, dtype: str) -> float:
-        """Convolution FLOP/s for ``dtype`` (fp32's when the dtype has no figure)."""
+    def conv_rate(self, dtype: str, intensity: float | None = None) -> float:
+        """Convolution FLOP/s for ``dtype`` (at ``intensity`` FLOPs per byte where a curve
+        was measured; fp32's when the dtype has no figure)."""
+        curve = self._curve("conv", dtype)
+        if curve and intensity is not None:
+            return _interpolate(curve, intensity)
         return self.conv_flops_per_second.get(dtype, self.conv_flops_per_second["fp32"])
+
+
+def _interpolate(curve: list[list[float]], x: float) -> float:
+    """``y`` at ``x`` on a ``[[x, y], ...]`` curve sorted by ``x``: log-log linear, flat
+    beyond its ends."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    if x >= curve[-1][0]:
+        return curve[-1][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                return max(y0, y1)
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0)))
+    return curve[-1][1]
 
 
 def gpu_rates(spec: object) -> DeviceRates:

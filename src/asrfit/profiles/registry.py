@@ -281,7 +281,9 @@ def resolve(spec: Any, *, local_files_only: bool | None = None) -> Resolved:
         try:
             config = AutoConfig.from_pretrained(spec)
         except (OSError, ValueError, KeyError) as exc:
-            raise _unknown(spec, f"its config.json could not be loaded from the Hub ({exc})") from exc
+            raise _unknown(
+                spec, f"its config.json could not be loaded from the Hub ({exc})"
+            ) from exc
     return Resolved(config, spec.rsplit("/", 1)[-1], spec, "hub")
 
 
