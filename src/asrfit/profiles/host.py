@@ -91,25 +91,53 @@ def _conv_rate(dtype: object) -> float:
     return flops / _best_seconds(lambda: torch.nn.functional.conv1d(x, w))
 
 
-def _rate_curve(cases: list[Callable[[], Callable[[], object]]], kind: str) -> list[list[float]]:
-    """``[[intensity, FLOP/s], ...]`` by intensity: each case's work, its FLOPs and bytes as
-    the simulator's :class:`~asrfit.memory.runtime.OpCounter` counts them (ops of ``kind``
-    only), over its best time. A GEMM or a convolution reaches a rate that depends on its
-    shape: small or thin ones (a depthwise convolution, a 1-channel input) run far below
-    the large dense case, and their bytes per FLOP tell them apart."""
-    from asrfit.memory.runtime import OpCounter
+class _ArithmeticCount:
+    """FLOPs and bytes of the ops with FLOPs (``torch.utils.flop_counter``'s table), bytes
+    counted as :class:`asrfit.memory.runtime.OpCounter` counts them: each distinct input
+    and output tensor once, at most its storage's size."""
 
+    def __init__(self) -> None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+        from torch.utils.flop_counter import flop_registry
+
+        counter = self
+
+        def nbytes(t: torch.Tensor) -> int:
+            return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                count = flop_registry.get(func._overloadpacket)
+                if count is not None:
+                    counter.flops += int(count(*args, **kwargs, out_val=out))
+                    tensors = [
+                        t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)
+                    ]
+                    counter.nbytes += sum(nbytes(t) for t in {id(t): t for t in tensors}.values())
+                return out
+
+        self.flops = 0
+        self.nbytes = 0
+        self.mode = Mode()
+
+
+def _rate_curve(cases: list[Callable[[], Callable[[], object]]]) -> list[list[float]]:
+    """``[[FLOPs per byte, FLOP/s], ...]`` sorted: each case's matmul or convolution work
+    (:class:`_ArithmeticCount`) over its best time. A GEMM or a convolution reaches a rate
+    that depends on its shape: small or thin ones (a depthwise convolution, a 1-channel
+    input) run far below the large dense case, and their bytes per FLOP tell them apart."""
     points = []
     for make in cases:
         run = make()
-        counter = OpCounter()
-        with counter:
+        count = _ArithmeticCount()
+        with count.mode:
             run()
-        rows = [r for r in counter.cost().rows if r[1] == kind]
-        flops = sum(r[3] * r[6] for r in rows)
-        nbytes = sum(r[4] * r[6] for r in rows)
-        if flops > 0 and nbytes > 0:
-            points.append([flops / nbytes, flops / _best_seconds(run)])
+        if count.flops > 0 and count.nbytes > 0:
+            points.append([count.flops / count.nbytes, count.flops / _best_seconds(run)])
     return sorted(points)
 
 
@@ -128,7 +156,7 @@ def _matmul_curve(dtype: object) -> list[list[float]]:
         return make
 
     sizes = [n for n in (32, 64, 128, 256, 512, 1024) if n <= largest]
-    return _rate_curve([case(n) for n in sizes], "matmul")
+    return _rate_curve([case(n) for n in sizes])
 
 
 def _conv_curve(dtype: object) -> list[list[float]]:
@@ -159,7 +187,7 @@ def _conv_curve(dtype: object) -> list[list[float]]:
         case((4, 32, 100, 40), (32, 32, 3, 3), F.conv2d, stride=2, padding=1),
         case((4, 32, 100, 40), (32, 1, 3, 3), F.conv2d, stride=2, padding=1, groups=32),
     ]
-    return _rate_curve(cases, "conv")
+    return _rate_curve(cases)
 
 
 def _attention_rate(dtype: object) -> float:
