@@ -16,7 +16,7 @@ planner compares (checkpointing on/off at one batch: step time; two batch sizes:
 seconds per second; fp32 vs bf16: step time).
 
 ``FITTED`` groups (wav2vec2, whisper, parakeet-ctc) were used to set the two per-kernel
-factor of :mod:`asrfit.profiles.host` (``MODULE_FACTOR``: ``--fit`` prints it); the ``HELD_OUT`` groups
+factor of :mod:`asrfit.profiles.host_kernels` (``MODULE_FACTOR``: ``--fit`` prints it); the ``HELD_OUT`` groups
 (hubert, wavlm, parakeet-tdt: other families) were added after the model was final.
 
 Runs single-threaded (``torch.set_num_threads(1)``, host rates at 1 thread): the machine
@@ -135,7 +135,7 @@ def fit_factors(rows: list[Timed], rates) -> tuple[float, float]:  # noqa: ANN00
 
     Returns ``(gamma, residual)``: what to multiply ``rates.module_seconds`` by so that
     kernels (their measured per-kind fixed costs and roofline) plus module calls best match
-    the measured steps. Multiply :data:`asrfit.profiles.host.MODULE_FACTOR` by it.
+    the measured steps. Multiply :data:`asrfit.profiles.host_kernels.MODULE_FACTOR` by it.
     """
     a, y = [], []
     for r in rows:
@@ -221,7 +221,7 @@ def render(fitted: list[Timed], held: list[Timed], later: list[Timed], rates) ->
         _load_note(fitted + held + later),
         "",
         "The model (docs/step_time.md): per kernel, a fixed cost measured for its kind "
-        "(`asrfit.profiles.host`) plus its roofline; per `nn.Module` call, a measured bare "
+        "(`asrfit.profiles.host_kernels`) plus its roofline; per `nn.Module` call, a measured bare "
         "module call times `MODULE_FACTOR`, the one fitted figure; the optimizer's kernels at "
         "their own measured cost. The held-out families' phase timings (forward, backward, "
         "optimizer of one step each) were looked at while choosing that form; nothing was "

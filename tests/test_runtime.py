@@ -21,6 +21,7 @@ from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
 from asrfit.profiles import host
 from asrfit.profiles.gpus.catalog import find_gpu
+from asrfit.profiles.host_kernels import KernelCount
 from asrfit.profiles.rates import GPU_MATMUL_EFFICIENCY, DeviceRates, gpu_rates
 
 B, D, H, OUT = 4, 256, 512, 128
@@ -332,7 +333,7 @@ def test_traced_step_runs_as_many_kernels_as_the_real_step(arch: str, one_thread
     sim = simulate_step(hf_adapter(case.config()), case.batch, case.setup, target="cpu")
     model = _grid.build_real_model(case)
     inputs = _grid.make_real_inputs(case, model.config)
-    forward, backward = host._KernelCount(), host._KernelCount()
+    forward, backward = KernelCount(), KernelCount()
     with forward.mode:
         loss = model(**inputs).loss
     with backward.mode:

@@ -12,10 +12,12 @@ a plan made now and one made during a busy hour use the same figures.
   more than the last-level cache of most servers' share per core), bytes read + written;
   and the bandwidth that layer norm, softmax and GELU reach over the same size (a CPU
   computes them well below streaming speed);
-- seconds per kernel: a stack of tiny ``nn`` blocks (LayerNorm, Linear, GELU, Dropout,
-  Linear) run forward, and forward + backward; each time divided by its kernels counted at
-  dispatch. A forward kernel carries the Python module and autograd-recording cost; a
-  backward kernel (run by the autograd engine in C++) only the dispatcher's.
+- curves: ``F.linear`` and seven convolutions (forward + backward) at several shapes, as
+  FLOPs per byte against FLOP/s, and ``torch.add`` into new arrays of 256 KiB to 256 MiB,
+  as bytes moved against bytes/s (see :class:`~asrfit.profiles.rates.DeviceRates`);
+- fused attention FLOP/s per dtype, forward + backward;
+- fixed seconds per kernel by kind, per module call and per optimizer kernel:
+  :mod:`asrfit.profiles.host_kernels`.
 """
 
 from __future__ import annotations
@@ -26,46 +28,27 @@ import json
 import logging
 import os
 import platform
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from asrfit.profiles.rates import DeviceRates, runs_kernel
+from asrfit.profiles.host_kernels import (
+    CHAIN,
+    MODULE_FACTOR,
+    OPTIMIZER_PARAMS,
+    REPEATS,
+    best_seconds,
+    kernel_seconds_by_kind,
+    module_call_seconds,
+    optimizer_kernel_seconds,
+)
+from asrfit.profiles.rates import DeviceRates
 from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
 HOST_RATES_VERSION = 17  # bump when a micro-benchmark changes
-REPEATS = 5
 _MATMUL_N = 1024
 _BANDWIDTH_NUMEL = 4 << 20
-_CHAIN = 16
-_KERNEL_REPEATS = 30
-_OPTIMIZER_PARAMS = 100
-# A model's modules run more Python than the micro-benchmark's bare module (shape logic,
-# masks, config checks, hooks, the autograd nodes of their views): a least-squares factor
-# on :func:`_module_seconds`, fitted on the FITTED cases of bench/step_time_accuracy.py
-# (``--fit``: wav2vec2, whisper, parakeet-ctc); the held-out families there were not used.
-MODULE_FACTOR = 51.0
-
-
-def _best_seconds(
-    run: Callable[[], None], repeats: int = REPEATS, min_seconds: float = 0.02
-) -> float:
-    """Best per-call seconds of ``run`` over ``repeats`` timed batches of >= ``min_seconds``."""
-    run()  # warm-up (allocations, oneDNN primitive creation)
-    calls = 1
-    started = time.perf_counter()
-    run()
-    once = max(time.perf_counter() - started, 1e-7)
-    calls = max(1, int(min_seconds / once))
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(calls):
-            run()
-        best = min(best, (time.perf_counter() - started) / calls)
-    return best
 
 
 def _matmul_rate(dtype: object) -> float:
@@ -76,7 +59,7 @@ def _matmul_rate(dtype: object) -> float:
     # keep it short
     n = _MATMUL_N if dtype == torch.float32 else _MATMUL_N // 2
     a, w = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return 2 * n**3 / _best_seconds(lambda: torch.nn.functional.linear(a, w))
+    return 2 * n**3 / best_seconds(lambda: torch.nn.functional.linear(a, w))
 
 
 def _conv_rate(dtype: object) -> float:
@@ -88,7 +71,7 @@ def _conv_rate(dtype: object) -> float:
     x = torch.randn(batch, channels, length, dtype=dtype)
     w = torch.randn(channels, channels, kernel, dtype=dtype)
     flops = 2 * batch * channels * (length - kernel + 1) * channels * kernel
-    return flops / _best_seconds(lambda: torch.nn.functional.conv1d(x, w))
+    return flops / best_seconds(lambda: torch.nn.functional.conv1d(x, w))
 
 
 class _ArithmeticCount:
@@ -137,7 +120,7 @@ def _rate_curve(cases: list[Callable[[], Callable[[], object]]]) -> list[list[fl
         with count.mode:
             run()
         if count.flops > 0 and count.nbytes > 0:
-            points.append([count.flops / count.nbytes, count.flops / _best_seconds(run)])
+            points.append([count.flops / count.nbytes, count.flops / best_seconds(run)])
     return sorted(points)
 
 
@@ -204,8 +187,8 @@ def _attention_rate(dtype: object) -> float:
     q, k, v = (torch.randn(b, h, length, d, dtype=dtype, requires_grad=True) for _ in range(3))
     out = F.scaled_dot_product_attention(q, k, v)
     grad = torch.ones_like(out)
-    forward = _best_seconds(lambda: F.scaled_dot_product_attention(q, k, v))
-    backward = _best_seconds(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
+    forward = best_seconds(lambda: F.scaled_dot_product_attention(q, k, v))
+    backward = best_seconds(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
     flops = 4 * b * h * length * length * d * 3.5
     return flops / (forward + backward)
 
@@ -220,10 +203,10 @@ def _kind_bandwidths() -> dict[str, float]:
     mask = torch.empty_like(x)
     nbytes = 2 * x.nbytes
     return {
-        "norm": nbytes / _best_seconds(lambda: F.layer_norm(x, (256,))),
-        "softmax": nbytes / _best_seconds(lambda: torch.softmax(x, -1)),
-        "activation": nbytes / _best_seconds(lambda: F.gelu(x)),
-        "random": nbytes / _best_seconds(lambda: mask.bernoulli_(0.9)),
+        "norm": nbytes / best_seconds(lambda: F.layer_norm(x, (256,))),
+        "softmax": nbytes / best_seconds(lambda: torch.softmax(x, -1)),
+        "activation": nbytes / best_seconds(lambda: F.gelu(x)),
+        "random": nbytes / best_seconds(lambda: mask.bernoulli_(0.9)),
     }
 
 
@@ -231,7 +214,7 @@ def _bandwidth() -> float:
     import torch
 
     a, b, c = (torch.randn(_BANDWIDTH_NUMEL) for _ in range(3))
-    return 3 * a.nbytes / _best_seconds(lambda: torch.add(a, b, out=c))
+    return 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=c))
 
 
 def _bandwidth_curve() -> list[list[float]]:
@@ -245,145 +228,9 @@ def _bandwidth_curve() -> list[list[float]]:
 
     def point(numel: int) -> list[float]:
         a, b = torch.randn(numel), torch.randn(numel)
-        return [3 * a.nbytes, 3 * a.nbytes / _best_seconds(lambda: torch.add(a, b))]
+        return [3 * a.nbytes, 3 * a.nbytes / best_seconds(lambda: torch.add(a, b))]
 
     return [point(numel) for numel in (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)]
-
-
-class _KernelCount:
-    """Counts the aten ops that run a kernel (see :func:`asrfit.profiles.rates.runs_kernel`)."""
-
-    def __init__(self) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-                counter.kernels += runs_kernel(func)
-                return func(*args, **(kwargs or {}))
-
-        self.kernels = 0
-        self.mode = Mode()
-
-
-def _kind_chains() -> dict[str, Callable[[object], object]]:
-    """One shape-preserving op per kernel kind, on a tiny ``(2, 16, 8)`` tensor."""
-    import torch
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    w = torch.randn(8, 8, requires_grad=True)
-    cw = torch.randn(16, 16, 3, requires_grad=True)
-    return {
-        "elementwise": lambda x: x * 1.01,
-        "matmul": lambda x: F.linear(x, w),
-        "conv": lambda x: F.conv1d(x, cw, padding=1),
-        "norm": lambda x: F.layer_norm(x, (8,)),
-        "softmax": lambda x: torch.softmax(x, -1),
-        "activation": lambda x: F.gelu(x),
-        "attention": lambda x: F.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None])[
-            :, 0
-        ],
-    }
-
-
-def _per_kernel(run: Callable[[], object]) -> tuple[float, float]:
-    """(seconds per forward kernel, per backward kernel) of ``run`` (returns a tensor)."""
-    forward_count, backward_count = _KernelCount(), _KernelCount()
-    with forward_count.mode:
-        loss = run().sum()
-    with backward_count.mode:
-        loss.backward(retain_graph=True)
-    # many short repeats: the best one is a moment when no other process held the core
-    forward_seconds = _best_seconds(run, _KERNEL_REPEATS, 0.002)
-    # the same graph run backward again and again (gradients accumulate: same kernels)
-    backward_seconds = _best_seconds(
-        lambda: loss.backward(retain_graph=True), _KERNEL_REPEATS, 0.002
-    )
-    return (
-        forward_seconds / max(forward_count.kernels, 1),
-        backward_seconds / max(backward_count.kernels, 1),
-    )
-
-
-def _kernel_seconds() -> dict[str, list[float]]:
-    """``{kind: [seconds per forward kernel, per backward kernel]}`` of eager autograd.
-
-    A chain of :data:`_CHAIN` ops of one kind on a tiny tensor, called from Python as a
-    model's ``forward`` calls them (dispatcher, autograd recording, the kernel's own setup:
-    a oneDNN convolution costs ten times an elementwise op), then run backward.
-    """
-    import torch
-
-    out: dict[str, list[float]] = {}
-    for kind, op in _kind_chains().items():
-        x = torch.randn(2, 16, 8, requires_grad=True)
-
-        def run(op: Callable[[object], object] = op, x: object = x) -> object:
-            y = x
-            for _ in range(_CHAIN):
-                y = op(y)
-            return y
-
-        out[kind] = list(_per_kernel(run))
-    return out
-
-
-def _module_seconds() -> float:
-    """Seconds one ``nn.Module`` call adds to the same op called bare (forward + backward)."""
-    import torch
-    from torch import nn
-
-    class Scale(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * 1.01
-
-    chain = nn.Sequential(*[Scale() for _ in range(_CHAIN)])
-    x = torch.randn(2, 16, 8, requires_grad=True)
-
-    def bare() -> torch.Tensor:
-        y = x
-        for _ in range(_CHAIN):
-            y = y * 1.01
-        return y
-
-    def both(run: Callable[[], torch.Tensor]) -> float:
-        loss = run().sum()
-        backward = _best_seconds(lambda: loss.backward(retain_graph=True), _KERNEL_REPEATS, 0.002)
-        return _best_seconds(run, _KERNEL_REPEATS, 0.002) + backward
-
-    return max(both(lambda: chain(x)) - both(bare), 0.0) / _CHAIN
-
-
-def _optimizer_kernel_seconds() -> float:
-    """Seconds per kernel of an AdamW step and ``zero_grad`` over many small parameters.
-
-    The optimizer loops over parameters in C++ (foreach) or Python (per tensor) with no
-    autograd and no module calls, so its kernels cost less than a model's.
-    """
-    import torch
-
-    torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(64)) for _ in range(_OPTIMIZER_PARAMS)]
-    optimizer = torch.optim.AdamW(params, lr=1e-3)
-
-    def step() -> None:
-        for p in params:
-            p.grad = torch.ones_like(p)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()  # the state exists from here on, as in every step after the first
-    count = _KernelCount()
-    for p in params:
-        p.grad = torch.ones_like(p)
-    with count.mode:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    grads = _best_seconds(lambda: [torch.ones_like(p) for p in params], _KERNEL_REPEATS, 0.002)
-    seconds = _best_seconds(step, _KERNEL_REPEATS, 0.002) - grads
-    return max(seconds, 0.0) / max(count.kernels, 1)
 
 
 def measure_host_rates(threads: int | None = None) -> DeviceRates:
@@ -414,9 +261,9 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
         curves["bandwidth"] = {"fp32": _bandwidth_curve()}
         bandwidth = _bandwidth()
         kinds = _kind_bandwidths()
-        by_kind = _kernel_seconds()
-        module = _module_seconds()
-        optimizer_kernel = _optimizer_kernel_seconds()
+        by_kind = kernel_seconds_by_kind()
+        module = module_call_seconds()
+        optimizer_kernel = optimizer_kernel_seconds()
     finally:
         torch.set_num_threads(previous)
     return DeviceRates(
@@ -436,9 +283,9 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
         sources=[
             f"measured on this machine ({platform.node()}), best of {REPEATS} repeats at "
             f"{threads} threads: linear {_MATMUL_N}^3 (bf16 {_MATMUL_N // 2}^3), conv1d 128ch k5, scaled_dot_product_attention 2x4x256x64 forward+backward, F.linear at 32^2..1024^2 and 7 convolutions forward+backward by bytes per FLOP, add over 3 arrays of 256 KiB to 256 MiB and over 3 x 16 MiB, layer norm / softmax / GELU / bernoulli_ over 16 MiB, "
-            f"per kernel kind, forward and backward of a chain of {_CHAIN} tiny ops; a module "
-            f"call, {_CHAIN} bare vs wrapped ops, x {MODULE_FACTOR} (fitted in "
-            f"bench/step_time_accuracy.py); an AdamW step over {_OPTIMIZER_PARAMS} small "
+            f"per kernel kind, forward and backward of a chain of {CHAIN} tiny ops; a module "
+            f"call, {CHAIN} bare vs wrapped ops, x {MODULE_FACTOR} (fitted in "
+            f"bench/step_time_accuracy.py); an AdamW step over {OPTIMIZER_PARAMS} small "
             "parameters per kernel (asrfit.profiles.host)"
         ],
     )
