@@ -268,54 +268,57 @@ def simulate_step(
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     tracker = StorageTracker()
     tracker.scratch = scratch_rules(target, tracker)
-    with fake_mode, device_kernels(target):
-        model = _build(adapter, setup)
-        if prune is not None:
-            prune(model, tracker)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = make_optimizer(setup, params)
-        flops_before_last = 0
-        counter = OpCounter(tracker)
-        with tracker, counter, plain_composites(tracker):
-            tracker.register(list(model.parameters()), "parameters")
-            tracker.register(list(model.buffers()), "buffers")
-            for step in range(1, steps + 1):
-                tracker.step = step
-                flops_before_last = tracker.flops
-                with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
-                    inputs = adapter.make_inputs(batch, tracker)
-                    tracker.register(inputs, "inputs")
-                with _phase(tracker, "forward"), _autocast(setup):
-                    loss = adapter.loss(model, inputs)
-                with _phase(tracker, "backward"):
-                    if setup.precision is Precision.FP16:
-                        # GradScaler: scale the loss, then unscale the grads in place. Its
-                        # inf check calls .item() on data, so its ops are replayed here.
-                        scale = torch.full((), 65536.0)
-                        scaled = loss.float() * scale
-                        with plain_accumulation(tracker, [scaled]):
-                            scaled.backward()
-                        del scaled
-                    else:
-                        with plain_accumulation(tracker, [loss]):
-                            loss.backward()
-                    grads = [p.grad for p in params if p.grad is not None]
-                    tracker.retag(grads, "gradients")
-                    if setup.precision is Precision.FP16:
-                        torch._foreach_mul_(grads, 1.0 / 65536.0)
-                del loss, inputs
-                with _phase(tracker, "optimizer"):
-                    optimizer.step()
-                    device_state, host_state = _state_tensors(optimizer)
-                    state_bytes = sum(
-                        round_block(t.untyped_storage().nbytes()) for t in device_state
-                    )
-                    tracker.retag(device_state, "optimizer_state")
-                    tracker.retag(host_state, "host")
-                    del device_state, host_state
-                with _phase(tracker, "zero_grad"):
-                    optimizer.zero_grad(set_to_none=True)
-                del grads
+    try:
+        with fake_mode, device_kernels(target):
+            model = _build(adapter, setup)
+            if prune is not None:
+                prune(model, tracker)
+            params = [p for p in model.parameters() if p.requires_grad]
+            optimizer = make_optimizer(setup, params)
+            flops_before_last = 0
+            counter = OpCounter(tracker)
+            with tracker, counter, plain_composites(tracker):
+                tracker.register(list(model.parameters()), "parameters")
+                tracker.register(list(model.buffers()), "buffers")
+                for step in range(1, steps + 1):
+                    tracker.step = step
+                    flops_before_last = tracker.flops
+                    with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
+                        inputs = adapter.make_inputs(batch, tracker)
+                        tracker.register(inputs, "inputs")
+                    with _phase(tracker, "forward"), _autocast(setup):
+                        loss = adapter.loss(model, inputs)
+                    with _phase(tracker, "backward"):
+                        if setup.precision is Precision.FP16:
+                            # GradScaler: scale the loss, then unscale the grads in place. Its
+                            # inf check calls .item() on data, so its ops are replayed here.
+                            scale = torch.full((), 65536.0)
+                            scaled = loss.float() * scale
+                            with plain_accumulation(tracker, [scaled]):
+                                scaled.backward()
+                            del scaled
+                        else:
+                            with plain_accumulation(tracker, [loss]):
+                                loss.backward()
+                        grads = [p.grad for p in params if p.grad is not None]
+                        tracker.retag(grads, "gradients")
+                        if setup.precision is Precision.FP16:
+                            torch._foreach_mul_(grads, 1.0 / 65536.0)
+                    del loss, inputs
+                    with _phase(tracker, "optimizer"):
+                        optimizer.step()
+                        device_state, host_state = _state_tensors(optimizer)
+                        state_bytes = sum(
+                            round_block(t.untyped_storage().nbytes()) for t in device_state
+                        )
+                        tracker.retag(device_state, "optimizer_state")
+                        tracker.retag(host_state, "host")
+                        del device_state, host_state
+                    with _phase(tracker, "zero_grad"):
+                        optimizer.zero_grad(set_to_none=True)
+                    del grads
+    finally:
+        tracker.release_values()  # the trace is over (or failed): free the real shadow values
     peak, peak_raw, breakdown, step_peaks, phase, transient, segments, phase_peaks = _analyse(
         tracker, steps, detail
     )
