@@ -1,6 +1,8 @@
 """Partial vs full activation checkpointing on the CPU, at one byte budget.
 
-For a small built-in Conformer and one padded batch, the simulator predicts the CPU peak of
+For a small built-in Conformer (``--family conformer``) or a small Parakeet-TDT
+(``--family parakeet-tdt``: transformers' FastConformer encoder, LSTM prediction network and
+TDT joint, random weights) and one padded batch, the simulator predicts the CPU peak of
 checkpointing the first k of L encoder layers for every k. The byte budget is the predicted
 peak of k = ``--budget-k``; at that budget k = 0 does not fit and the smallest k that fits
 is the one that recomputes least (at one batch, the fastest). Then the real steps of that k
@@ -37,7 +39,34 @@ from asrfit.models.conformer import conformer_config  # noqa: E402
 MIB = 2**20
 
 
+FAMILY = "conformer"  # set by --family
+
+
 def _config(d_model: int, layers: int):
+    if FAMILY == "parakeet-tdt":
+        import transformers
+
+        config = transformers.ParakeetTDTConfig(
+            vocab_size=64,
+            blank_token_id=63,
+            pad_token_id=63,
+            decoder_hidden_size=d_model,
+            encoder_config={
+                "hidden_size": d_model,
+                "num_hidden_layers": layers,
+                "num_attention_heads": 4,
+                "intermediate_size": 4 * d_model,
+                "subsampling_conv_channels": 64,
+                "num_mel_bins": 80,
+                "layerdrop": 0.0,
+                "dropout": 0.0,
+                "attention_dropout": 0.0,
+                "activation_dropout": 0.0,
+                "dropout_positions": 0.0,
+            },
+        )
+        config.architectures = ["ParakeetForTDT"]
+        return config
     return conformer_config(d_model, encoder_layers=layers, encoder_attention_heads=4, dropout=0.0)
 
 
@@ -66,6 +95,7 @@ def _timed_steps(d_model, layers, batch, setups, steps, warmup) -> dict[str, lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=("conformer", "parakeet-tdt"), default="conformer")
     parser.add_argument("--d-model", type=int, default=144)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=4)
@@ -76,6 +106,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    global FAMILY
+    FAMILY = args.family
     torch.set_num_threads(args.threads)
     L = args.layers
     batch = BatchShape(args.batch, args.frames, max(1, args.frames // 20))
@@ -102,12 +134,15 @@ def main() -> None:
     rate = {name: audio / statistics.median(t) for name, t in times.items()}
     ratio = rate["partial"] / rate["full"]
     command = (
-        f"PYTHONPATH=src python bench/partial_checkpointing.py --d-model {args.d_model} "
+        "PYTHONPATH=src python bench/partial_checkpointing.py "
+        + (f"--family {FAMILY} " if FAMILY != "conformer" else "")
+        + f"--d-model {args.d_model} "
         f"--layers {L} --batch {args.batch} --frames {args.frames} --budget-k {args.budget_k} "
         f"--steps {args.steps} --threads {args.threads} --out docs/benchmarks.md"
     )
     curve = ", ".join(f"k={i}: {predicted[i] / MIB:.1f}" for i in range(L + 1))
-    body = f"""## Partial vs full activation checkpointing (CPU, one byte budget)
+    model = "Conformer-CTC" if FAMILY == "conformer" else "Parakeet-TDT (FastConformer encoder)"
+    body = f"""## Partial vs full activation checkpointing (CPU, one byte budget): {model}
 
 `{command}`
 
@@ -115,7 +150,7 @@ def main() -> None:
 before the timed steps, {load_after:.2f} after (shared machine: the two setups alternate
 step by step in one process, so load hits both alike).
 
-Conformer-CTC d_model {args.d_model}, {L} layers, fp32 AdamW, batch {args.batch} x
+{model} d_model {args.d_model}, {L} layers, fp32 AdamW, batch {args.batch} x
 {args.frames} log-mel frames ({audio / args.batch:g} s each). Predicted CPU peak (MiB) by
 layers checkpointed (the first k): {curve}; every layer (the model's own
 gradient checkpointing): {predicted_full.peak_raw_bytes / MIB:.1f}.
@@ -134,7 +169,8 @@ Measured peak of the partial setup minus the predicted one: {measured_peak - pre
 """
     print(body)
     if args.out is not None:
-        write_section(args.out, "partial-checkpointing-cpu", body)
+        section = "partial-checkpointing-cpu" + ("" if FAMILY == "conformer" else f"-{FAMILY}")
+        write_section(args.out, section, body)
 
 
 if __name__ == "__main__":
