@@ -130,3 +130,31 @@ def test_known_mask_gives_exact_masked_select_size() -> None:
     )
     assert seen == [3, 3]
     assert r.assumptions == []
+
+
+def test_builds_without_initialisers_trace_the_same_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator builds models with torch.nn.init's initialisers skipped (fake parameters
+    have no values). Whisper ties its output projection to the token embedding inside
+    ``init_weights``: the tie must survive, and the step must equal one built with them."""
+    import transformers
+
+    from asrfit.memory import simulate
+
+    cfg = transformers.WhisperConfig(
+        vocab_size=1024, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=50, max_target_positions=32,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )  # fmt: skip
+    cfg.architectures = ["WhisperForConditionalGeneration"]
+    shape = BatchShape(2, 100, 8)
+    skipped = simulate_step(hf_adapter(cfg), shape, Setup(), steps=1)
+    assert torch.nn.init.normal_.__name__ == "normal_"  # restored after the build
+    monkeypatch.setattr(simulate, "_no_init_kernels", torch.no_grad)  # initialisers run
+    with_init = simulate_step(hf_adapter(cfg), shape, Setup(), steps=1)
+    assert skipped.peak_bytes == with_init.peak_bytes
+    assert skipped.breakdown_bytes == with_init.breakdown_bytes
+    assert skipped.optimizer_state_bytes == with_init.optimizer_state_bytes
+    # tied: the 1024 x 32 embedding counted once (untied would add 128 KiB; block rounding < 32 KiB)
+    params = sum(p.numel() for p in transformers.WhisperForConditionalGeneration(cfg).parameters())
+    assert 4 * params <= skipped.breakdown_bytes["parameters"] < 4 * params + 4 * 1024 * 32 // 2
