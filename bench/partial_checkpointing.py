@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _truth  # noqa: E402
-from _grid import environment_line  # noqa: E402
+from _grid import _parakeet_encoder, environment_line  # noqa: E402
 from _report import write_section  # noqa: E402
 
 from asrfit.memory.adapters import BatchShape, hf_adapter  # noqa: E402
@@ -39,42 +39,37 @@ from asrfit.models.conformer import conformer_config  # noqa: E402
 MIB = 2**20
 
 
-FAMILY = "conformer"  # set by --family
-
-
-def _config(d_model: int, layers: int):
-    if FAMILY == "parakeet-tdt":
+def _config(family: str, d_model: int, layers: int):
+    if family == "parakeet-tdt":
         import transformers
 
+        encoder = {
+            **_parakeet_encoder(),
+            "hidden_size": d_model,
+            "num_hidden_layers": layers,
+            "intermediate_size": 4 * d_model,
+            "subsampling_conv_channels": 64,
+            **dict.fromkeys(
+                ("dropout", "attention_dropout", "activation_dropout", "dropout_positions"), 0.0
+            ),
+        }
         config = transformers.ParakeetTDTConfig(
             vocab_size=64,
             blank_token_id=63,
             pad_token_id=63,
             decoder_hidden_size=d_model,
-            encoder_config={
-                "hidden_size": d_model,
-                "num_hidden_layers": layers,
-                "num_attention_heads": 4,
-                "intermediate_size": 4 * d_model,
-                "subsampling_conv_channels": 64,
-                "num_mel_bins": 80,
-                "layerdrop": 0.0,
-                "dropout": 0.0,
-                "attention_dropout": 0.0,
-                "activation_dropout": 0.0,
-                "dropout_positions": 0.0,
-            },
+            encoder_config=encoder,
         )
         config.architectures = ["ParakeetForTDT"]
         return config
     return conformer_config(d_model, encoder_layers=layers, encoder_attention_heads=4, dropout=0.0)
 
 
-def _timed_steps(d_model, layers, batch, setups, steps, warmup) -> dict[str, list[float]]:
+def _timed_steps(config, batch, setups, steps, warmup) -> dict[str, list[float]]:
     """Alternate real training steps of each setup; wall seconds per step."""
     runs = {}
     for name, setup in setups.items():
-        adapter = hf_adapter(_config(d_model, layers))
+        adapter = hf_adapter(config())
         torch.manual_seed(0)
         model = _build(adapter, setup)
         optimizer = make_optimizer(setup, [p for p in model.parameters() if p.requires_grad])
@@ -106,10 +101,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    global FAMILY
-    FAMILY = args.family
     torch.set_num_threads(args.threads)
     L = args.layers
+
+    def config():  # a fresh config per model (the simulator and real runs must not share one)
+        return _config(args.family, args.d_model, L)
+
     batch = BatchShape(args.batch, args.frames, max(1, args.frames // 20))
     setups = {
         k: Setup(precision="fp32", optimizer="adamw", checkpoint_layers=k) for k in range(L + 1)
@@ -117,17 +114,15 @@ def main() -> None:
     full = Setup(precision="fp32", optimizer="adamw", gradient_checkpointing=True)
     predicted = {}
     for k, setup in setups.items():
-        sim = simulate_step(hf_adapter(_config(args.d_model, L)), batch, setup, target="cpu")
+        sim = simulate_step(hf_adapter(config()), batch, setup, target="cpu")
         predicted[k] = sim.peak_raw_bytes
-    predicted_full = simulate_step(hf_adapter(_config(args.d_model, L)), batch, full, target="cpu")
+    predicted_full = simulate_step(hf_adapter(config()), batch, full, target="cpu")
     budget = predicted[args.budget_k]
     k = min(k for k in predicted if predicted[k] <= budget)
-    measured_peak = _truth.measure_adapter_step(
-        hf_adapter(_config(args.d_model, L)), batch, setups[k]
-    ).peak_bytes
+    measured_peak = _truth.measure_adapter_step(hf_adapter(config()), batch, setups[k]).peak_bytes
     load_before = os.getloadavg()[0]
     times = _timed_steps(
-        args.d_model, L, batch, {"partial": setups[k], "full": full}, args.steps, args.warmup
+        config, batch, {"partial": setups[k], "full": full}, args.steps, args.warmup
     )
     load_after = os.getloadavg()[0]
     audio = args.batch * args.frames / 100.0
@@ -135,13 +130,15 @@ def main() -> None:
     ratio = rate["partial"] / rate["full"]
     command = (
         "PYTHONPATH=src python bench/partial_checkpointing.py "
-        + (f"--family {FAMILY} " if FAMILY != "conformer" else "")
+        + (f"--family {args.family} " if args.family != "conformer" else "")
         + f"--d-model {args.d_model} "
         f"--layers {L} --batch {args.batch} --frames {args.frames} --budget-k {args.budget_k} "
         f"--steps {args.steps} --threads {args.threads} --out docs/benchmarks.md"
     )
     curve = ", ".join(f"k={i}: {predicted[i] / MIB:.1f}" for i in range(L + 1))
-    model = "Conformer-CTC" if FAMILY == "conformer" else "Parakeet-TDT (FastConformer encoder)"
+    model = (
+        "Conformer-CTC" if args.family == "conformer" else "Parakeet-TDT (FastConformer encoder)"
+    )
     body = f"""## Partial vs full activation checkpointing (CPU, one byte budget): {model}
 
 `{command}`
@@ -169,7 +166,9 @@ Measured peak of the partial setup minus the predicted one: {measured_peak - pre
 """
     print(body)
     if args.out is not None:
-        section = "partial-checkpointing-cpu" + ("" if FAMILY == "conformer" else f"-{FAMILY}")
+        section = "partial-checkpointing-cpu" + (
+            "" if args.family == "conformer" else f"-{args.family}"
+        )
         write_section(args.out, section, body)
 
 

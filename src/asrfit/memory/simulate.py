@@ -14,6 +14,7 @@ predictions, and :mod:`asrfit.memory.zero` shards model states for ZeRO.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -204,27 +205,30 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-# torch.nn.init's in-place initialisers; transformers keeps wrappers of the same names.
-_INIT_FUNCTIONS = ("uniform_", "normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
-                   "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
-                   "trunc_normal_", "orthogonal_", "sparse_")  # fmt: skip
-
-
 @contextlib.contextmanager
 def _no_init_kernels() -> Iterator[None]:
     """Fake parameters have no values: skip the initialisers' kernels while a model is built.
 
-    Half the ops of building a model under the fake mode are its initialisers (a 48-layer
-    XLS-R: 0.4 s per build, and a plan builds it 150 times). They allocate nothing, so the
-    trace is the same without them; ``init_weights`` itself still runs, and so ties weights.
+    Building a model under the fake mode runs every parameter's initialiser as a fake op, and
+    a plan builds a model once per traced depth (XLS-R-1B: about 150 times). They allocate
+    nothing, so the trace is the same without them. The initialisers and the modules that import them are
+    transformers' own lists (those its ``no_init_weights`` patches), plus its wrappers in
+    ``transformers.initialization``; unlike ``no_init_weights``, ``init_weights`` itself
+    still runs, and so ties weights.
     """
-    import sys
+    from transformers import initialization
 
     def keep(tensor: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
         return tensor
 
-    modules = [m for m in (torch.nn.init, sys.modules.get("transformers.initialization")) if m]
-    saved = [(m, n, getattr(m, n)) for m in modules for n in _INIT_FUNCTIONS if hasattr(m, n)]
+    names = [*initialization.TORCH_MODULES_TO_PATCH, "transformers.initialization"]
+    modules = [sys.modules[n] for n in names if n in sys.modules]
+    saved = [
+        (m, n, getattr(m, n))
+        for m in modules
+        for n in initialization.TORCH_INIT_FUNCTIONS
+        if hasattr(m, n)
+    ]
     try:
         for m, n, _ in saved:
             setattr(m, n, keep)
@@ -232,6 +236,15 @@ def _no_init_kernels() -> Iterator[None]:
     finally:
         for m, n, f in saved:
             setattr(m, n, f)
+
+
+@contextlib.contextmanager
+def _values_released(tracker: StorageTracker) -> Iterator[None]:
+    """Drop the tracker's real shadow values when the trace ends, or fails."""
+    try:
+        yield
+    finally:
+        tracker.release_values()
 
 
 def _float_dtype(setup: Setup) -> torch.dtype:
@@ -298,58 +311,55 @@ def simulate_step(
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     tracker = StorageTracker()
     tracker.scratch = scratch_rules(target, tracker)
-    try:
-        with fake_mode, device_kernels(target):
-            with _no_init_kernels():
-                model = _build(adapter, setup)
-            if prune is not None:
-                prune(model, tracker)
-            params = [p for p in model.parameters() if p.requires_grad]
-            optimizer = make_optimizer(setup, params)
-            flops_before_last = 0
-            counter = OpCounter(tracker)
-            with tracker, counter, plain_composites(tracker):
-                tracker.register(list(model.parameters()), "parameters")
-                tracker.register(list(model.buffers()), "buffers")
-                for step in range(1, steps + 1):
-                    tracker.step = step
-                    flops_before_last = tracker.flops
-                    with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
-                        inputs = adapter.make_inputs(batch, tracker)
-                        tracker.register(inputs, "inputs")
-                    with _phase(tracker, "forward"), _autocast(setup):
-                        loss = adapter.loss(model, inputs)
-                    with _phase(tracker, "backward"):
-                        if setup.precision is Precision.FP16:
-                            # GradScaler: scale the loss, then unscale the grads in place. Its
-                            # inf check calls .item() on data, so its ops are replayed here.
-                            scale = torch.full((), 65536.0)
-                            scaled = loss.float() * scale
-                            with plain_accumulation(tracker, [scaled]):
-                                scaled.backward()
-                            del scaled
-                        else:
-                            with plain_accumulation(tracker, [loss]):
-                                loss.backward()
-                        grads = [p.grad for p in params if p.grad is not None]
-                        tracker.retag(grads, "gradients")
-                        if setup.precision is Precision.FP16:
-                            torch._foreach_mul_(grads, 1.0 / 65536.0)
-                    del loss, inputs
-                    with _phase(tracker, "optimizer"):
-                        optimizer.step()
-                        device_state, host_state = _state_tensors(optimizer)
-                        state_bytes = sum(
-                            round_block(t.untyped_storage().nbytes()) for t in device_state
-                        )
-                        tracker.retag(device_state, "optimizer_state")
-                        tracker.retag(host_state, "host")
-                        del device_state, host_state
-                    with _phase(tracker, "zero_grad"):
-                        optimizer.zero_grad(set_to_none=True)
-                    del grads
-    finally:
-        tracker.release_values()  # the trace is over (or failed): free the real shadow values
+    with fake_mode, device_kernels(target), _values_released(tracker):
+        with _no_init_kernels():
+            model = _build(adapter, setup)
+        if prune is not None:
+            prune(model, tracker)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = make_optimizer(setup, params)
+        flops_before_last = 0
+        counter = OpCounter(tracker)
+        with tracker, counter, plain_composites(tracker):
+            tracker.register(list(model.parameters()), "parameters")
+            tracker.register(list(model.buffers()), "buffers")
+            for step in range(1, steps + 1):
+                tracker.step = step
+                flops_before_last = tracker.flops
+                with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
+                    inputs = adapter.make_inputs(batch, tracker)
+                    tracker.register(inputs, "inputs")
+                with _phase(tracker, "forward"), _autocast(setup):
+                    loss = adapter.loss(model, inputs)
+                with _phase(tracker, "backward"):
+                    if setup.precision is Precision.FP16:
+                        # GradScaler: scale the loss, then unscale the grads in place. Its
+                        # inf check calls .item() on data, so its ops are replayed here.
+                        scale = torch.full((), 65536.0)
+                        scaled = loss.float() * scale
+                        with plain_accumulation(tracker, [scaled]):
+                            scaled.backward()
+                        del scaled
+                    else:
+                        with plain_accumulation(tracker, [loss]):
+                            loss.backward()
+                    grads = [p.grad for p in params if p.grad is not None]
+                    tracker.retag(grads, "gradients")
+                    if setup.precision is Precision.FP16:
+                        torch._foreach_mul_(grads, 1.0 / 65536.0)
+                del loss, inputs
+                with _phase(tracker, "optimizer"):
+                    optimizer.step()
+                    device_state, host_state = _state_tensors(optimizer)
+                    state_bytes = sum(
+                        round_block(t.untyped_storage().nbytes()) for t in device_state
+                    )
+                    tracker.retag(device_state, "optimizer_state")
+                    tracker.retag(host_state, "host")
+                    del device_state, host_state
+                with _phase(tracker, "zero_grad"):
+                    optimizer.zero_grad(set_to_none=True)
+                del grads
     peak, peak_raw, breakdown, step_peaks, phase, transient, segments, phase_peaks = _analyse(
         tracker, steps, detail
     )
