@@ -96,3 +96,28 @@ def test_limits_checked_by_fresh_full_simulations(
 
     assert reserved(last.batch_size) <= usable
     assert reserved(last.batch_size + 1) > usable
+
+
+def test_capped_limits_checked_by_fresh_full_simulations(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
+) -> None:
+    """With a batch cap, lengths where the first fit has room for twice the cap are not
+    refined (``CAP_MARGIN``; here it saves 2 of 25 simulations): the longest bucket at the cap
+    fits it in a fresh two-step simulation, and the longest bucket fits its memory-bound limit
+    and not one more."""
+    p, _, usable = _planned(monkeypatch, dataset, "batch capped", False, None)
+    adapter = hf_adapter(_tiny_config())
+    capped = [b for b in p.buckets if b.batch_size == 16]
+    last = p.buckets[-1]
+    assert capped and last.batch_size < 16
+
+    def reserved(bucket, batch: int) -> int:  # noqa: ANN001
+        shape = BatchShape(batch, bucket.max_input_length, bucket.max_label_length)
+        step = simulate_step(adapter, shape, p.setup)
+        return predict_cuda(
+            step.peak_bytes, step.peak_bytes, architecture=p.architecture
+        ).reserved_bytes
+
+    assert reserved(capped[-1], 16) <= usable
+    assert reserved(last, last.batch_size) <= usable
+    assert reserved(last, last.batch_size + 1) > usable

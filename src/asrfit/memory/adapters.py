@@ -64,6 +64,8 @@ class StepAdapter:
         loss: ``(module, kwargs) -> scalar loss``.
         supports_checkpointing: Whether ``gradient_checkpointing_enable`` exists.
         output_frames: ``input_length -> encoder frames`` (for CTC shape checks), or None.
+        config: The config ``build`` reads at each call, or None: depth scaling builds at
+            reduced depth by lowering its layer counts for a build (:mod:`asrfit.memory.depth`).
     """
 
     name: str
@@ -72,6 +74,7 @@ class StepAdapter:
     loss: Callable[[nn.Module, dict[str, Any]], torch.Tensor]
     supports_checkpointing: bool = True
     output_frames: Callable[[int], int] | None = None
+    config: Any = None
 
 
 def _labels(
@@ -191,7 +194,9 @@ def hf_adapter(
             kw["labels"] = _labels(tr, shape, config.vocab_size)
             return kw
 
-        return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=frames)
+        return StepAdapter(
+            label, build, make_inputs, _loss_attr, output_frames=frames, config=config
+        )
 
     if family == "whisper":
         mel_frames = 2 * config.max_source_positions  # Whisper always pads input to 30 s
@@ -205,7 +210,7 @@ def hf_adapter(
             feats = torch.randn(shape.batch_size, config.num_mel_bins, mel_frames)
             return {"input_features": feats, "labels": _labels(tr, shape, config.vocab_size)}
 
-        return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=None)
+        return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=None, config=config)
 
     if family == "asrfit_conformer":
         return _conformer_adapter(config, label, build)
@@ -233,7 +238,9 @@ def hf_adapter(
             kw["decoder_input_ids"] = fake_with_value(tr, real)
         return kw
 
-    return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=parakeet_frames)
+    return StepAdapter(
+        label, build, make_inputs, _loss_attr, output_frames=parakeet_frames, config=config
+    )
 
 
 def _conformer_adapter(config: Any, label: str, build: Callable[[], nn.Module]) -> StepAdapter:
@@ -255,4 +262,4 @@ def _conformer_adapter(config: Any, label: str, build: Callable[[], nn.Module]) 
             "labels": _labels(tr, shape, config.vocab_size),
         }
 
-    return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=frames)
+    return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=frames, config=config)

@@ -12,16 +12,20 @@ outside the convolutional feature encoder), layers identical to the stack's most
 (same class, same parameter and buffer shapes) are the repeated part, split by whether the
 layer recomputes its forward (partial checkpointing: the first ``k`` checkpointed, the rest
 plain). Every other layer (e.g. WavLM's first layer with its relative position bias) and every
-module outside the stacks is kept as it is. With ``n`` groups of ``L_i`` layers, the step is
-traced with every group at 1 layer, with each group at 2 in turn (``n + 1`` traces, the
-linear model) and once more as a check (every group at 2, or 3 when ``n = 1``); the check
-trace must equal the linear model's prediction within ``tolerance``, else the full model is
-traced (``assumptions`` says which).
+module outside the stacks is kept as it is, and so is a group of fewer than 3 layers. With
+``n`` groups of ``L_i >= 3`` layers, the step is traced with every group at ``b`` layers (2,
+or 1 for a lone group of 3), with each group at ``b + 1`` in turn (``n + 1`` traces, the
+linear model) and once more as a check (every group at ``b + 1``, or ``b + 2`` when
+``n = 1``); the check trace must equal the linear model's prediction within ``tolerance``,
+else the full model is traced (``assumptions`` says which).
+
+Each reduced trace builds the model at the depth it needs, not whole and then pruned, where
+the adapter has a config, and checks the build against the full model's layout
+(:mod:`asrfit.memory.reduced`); a build that differs is traced from the full build instead.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from typing import Any
 
@@ -30,45 +34,24 @@ from torch import nn
 
 from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.allocator import segment_bytes
+from asrfit.memory.reduced import (
+    Layout,
+    Mismatch,
+    build_depths,
+    config_values,
+    depth_fields,
+    full_layout,
+    is_prefix,
+    layer_groups,
+    layout,
+)
 from asrfit.memory.runtime import StepCost
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
-from asrfit.models.checkpointing import _flag_checkpointable
 
 BASE = 2  # layers per group in the smallest trace (at 1, the peak may sit in another phase)
 TOLERANCE = 1e-6  # relative, on each checked quantity (exact for identical layers)
 COST_TOLERANCE = 1e-2  # on the kernel rows whose count is not linear (time model only)
-
-
-def _signature(layer: nn.Module) -> tuple:
-    return (
-        type(layer).__name__,
-        tuple((n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters()),
-        tuple((n, tuple(b.shape)) for n, b in layer.named_buffers()),
-    )
-
-
-def layer_groups(model: nn.Module) -> list[tuple[str, list[int]]]:
-    """The repeated layer groups of a model: ``(stack name + ":ckpt"/":plain", layer indices)``."""
-    modules = dict(model.named_modules())
-    groups = []
-    for name, stack in modules.items():
-        if not isinstance(stack, nn.ModuleList) or len(stack) < 2 or "conv" in name:
-            continue
-        owner = modules.get(name.rpartition(".")[0], model)
-        if not _flag_checkpointable(owner, stack):
-            continue
-        sigs = [_signature(m) for m in stack]
-        common, _ = Counter(sigs).most_common(1)[0]
-        for flag in (True, False):
-            idx = [
-                i
-                for i, m in enumerate(stack)
-                if sigs[i] == common and bool(getattr(m, "gradient_checkpointing", False)) is flag
-            ]
-            if idx:
-                groups.append((f"{name}:{'ckpt' if flag else 'plain'}", idx))
-    return groups
 
 
 def _first_grad_tensor(value: Any) -> torch.Tensor | None:
@@ -87,8 +70,9 @@ def _first_grad_tensor(value: Any) -> torch.Tensor | None:
 def _label_regions(model: nn.Module, stacks: list[nn.ModuleList], tracker: Any) -> None:
     """Move ``tracker.region`` along the model: before, inside and after each layer stack,
     in the forward pass (module hooks) and in the backward pass (hooks on the gradients of
-    each stack's input and output). The labels do not depend on the depth, so each region's
-    peak is at the same instant of the step at every depth."""
+    each stack's input and output), and at each passage between checkpointed and plain
+    layers inside a stack. The labels do not depend on the depth, so each region's peak is at
+    the same instant of the step at every depth."""
 
     def label(name: str) -> Any:
         def hook(_grad: torch.Tensor) -> None:
@@ -119,16 +103,34 @@ def _label_regions(model: nn.Module, stacks: list[nn.ModuleList], tracker: Any) 
 
         stack[0].register_forward_pre_hook(enter, with_kwargs=True)
         stack[-1].register_forward_hook(leave)
+        # Where the stack passes from checkpointed layers to plain ones (partial
+        # checkpointing), a region of its own: the backward of the plain layers and the
+        # recompute of the checkpointed ones peak at different instants, each linear in the
+        # layer counts, their max is not.
+        flags = [bool(getattr(m, "gradient_checkpointing", False)) for m in stack]
+        cuts = [i for i in range(1, len(stack)) if flags[i] != flags[i - 1]]
+        for j, i in enumerate(cuts, start=1):
+
+            def cross(_m: nn.Module, args: Any, kwargs: Any, name: str = f"s{k}.{j}") -> None:
+                if tracker.phase == "forward":
+                    tracker.region = name
+                    t = _first_grad_tensor((args, kwargs))
+                    if t is not None:
+                        t.register_hook(label(f"bwd-{name}"))
+
+            stack[i].register_forward_pre_hook(cross, with_kwargs=True)
 
 
-def _pruner(counts: dict[str, int]) -> Any:
+def _pruner(counts: dict[str, int], full: Layout, depths: dict[str, int]) -> Any:
+    """Keep the first ``counts[group]`` layers of each group; check a reduced build first."""
+
     def prune(model: nn.Module, tracker: Any) -> None:
-        groups = layer_groups(model)
+        if depths and not is_prefix(layout(model, list(full.stacks)), full, depths):
+            raise Mismatch(", ".join(f"{n} at {d}" for n, d in depths.items()))
         modules = dict(model.named_modules())
-        drop: dict[str, set[int]] = {}
-        for key, idx in groups:
-            stack = key.rpartition(":")[0]
-            drop.setdefault(stack, set()).update(idx[counts[key] :])
+        drop: dict[str, set[int]] = {n: set() for n in full.stacks}
+        for key, idx in full.groups:
+            drop[key.rpartition(":")[0]].update(idx[counts[key] :])
         for stack, gone in drop.items():
             ml = modules[stack]
             kept = [m for i, m in enumerate(ml) if i not in gone]
@@ -176,20 +178,14 @@ def scaled_step(
     or when the check trace is not on the linear model.
     """
     setup = setup or Setup()
-    memo = (id(adapter), repr(setup))
-    if memo not in _GROUPS:  # the model as the trace builds it (setup's checkpointing flags)
-
-        def grab(model: nn.Module, _tracker: Any) -> None:
-            _GROUPS[memo] = (adapter, layer_groups(model))  # (kept alive: its id stays its own)
-            raise _Probe
-
-        with contextlib.suppress(_Probe):
-            simulate_step(adapter, batch, setup, target=target, steps=steps, prune=grab)
-    groups = _GROUPS.get(memo, (None, []))[1]
-    # A group of 2 or more layers is a variable, traced at ``b`` and ``b + 1`` layers (and
-    # ``b + 2`` in the check when it is the only one); a smaller group is kept whole.
+    full = full_layout(adapter, batch, setup, target)
+    groups = full.groups
+    # A group of 3 or more layers is a variable, traced at ``b`` and ``b + 1`` layers (and
+    # ``b + 2`` in the check when it is the only one); a smaller group is kept whole (as a
+    # variable, two checkpointed layers would be traced at one, where the backward peak sits
+    # in another place: not linear, and a full trace).
     counts = {k: len(idx) for k, idx in groups}
-    keys = [k for k in counts if counts[k] >= 3 or (counts[k] == 2 and len(counts) >= 2)]
+    keys = [k for k in counts if counts[k] >= 3]
     n = len(keys)
     real = [counts[k] for k in keys]
     bases = [min(BASE, r - (2 if n == 1 else 1)) for r in real]
@@ -202,37 +198,46 @@ def scaled_step(
         step = simulate_step(adapter, batch, setup, target=target, steps=steps)
         step.assumptions.append("depth: full trace (no repeated layers to scale)")
         return step
+    fields = depth_fields(adapter, batch, setup, target)
     runs, details = [], []
+    built = "at reduced depth" if fields else "whole (no config attribute sets a stack's depth)"
     for d in design:
+        layer_counts = {**fixed, **dict(zip(keys, d, strict=True))}
+        depths = {k: v for k, v in build_depths(full, layer_counts).items() if k in fields}
         s: dict = {}
-        runs.append(
-            simulate_step(
+        try:
+            with config_values([(*fields[k], v) for k, v in depths.items()]):
+                step = simulate_step(
+                    adapter,
+                    batch,
+                    setup,
+                    target=target,
+                    steps=steps,
+                    prune=_pruner(layer_counts, full, depths),
+                    detail=s,
+                )
+        except Mismatch as e:  # this setup builds otherwise at reduced depth: build whole
+            built, fields, s = f"whole (a reduced build differed: {e})", {}, {}
+            step = simulate_step(
                 adapter,
                 batch,
                 setup,
                 target=target,
                 steps=steps,
-                prune=_pruner({**fixed, **dict(zip(keys, d, strict=True))}),
+                prune=_pruner(layer_counts, full, {}),
                 detail=s,
             )
-        )
+        runs.append(step)
         details.append(s)
     try:
-        return _extrapolate(runs, details, design, real, keys, tolerance)
+        step = _extrapolate(runs, details, design, real, keys, tolerance)
     except Nonlinear as e:
         step = simulate_step(adapter, batch, setup, target=target, steps=steps)
         step.assumptions.append(f"depth: full trace ({e} is not linear in the layer count)")
         step.trace_seconds += sum(r.trace_seconds for r in runs)
         return step
-
-
-_GROUPS: dict[
-    tuple, tuple[Any, list[tuple[str, list[int]]]]
-] = {}  # per (adapter, setup), this process
-
-
-class _Probe(Exception):
-    pass
+    step.assumptions.append(f"depth: reduced traces built {built}")
+    return step
 
 
 def _extrapolate(

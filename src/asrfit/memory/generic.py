@@ -146,7 +146,9 @@ def generic_adapter(
         kw["labels"] = _labels(tr, shape, config.vocab_size)
         return kw
 
-    return StepAdapter(label, build, make_inputs, _loss_attr, output_frames=output_frames)
+    return StepAdapter(
+        label, build, make_inputs, _loss_attr, output_frames=output_frames, config=config
+    )
 
 
 def speech_adapter(

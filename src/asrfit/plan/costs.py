@@ -92,6 +92,9 @@ COARSE_TRACES = 4  # shapes of _fit_shapes
 MAX_REFINE_TRACES = 6  # two batches at three lengths
 _REFINE_MAX_BATCH = 512
 _NEAR_BUDGET = 0.4  # points above this share of the budget decide the final fit
+# A length whose first fit allows this many times the batch cap is not refined: the cap, not
+# memory, sets its limit (the first fit would have to overstate the room twice over)
+CAP_MARGIN = 2
 
 
 DEPTH_SCALING = True  # trace repeated layers at reduced depth (asrfit.memory.depth)
@@ -151,7 +154,12 @@ class CostEstimator:
         return self._memo[key]
 
     def _activation_fit(
-        self, setup: Setup, max_input_length: int, labels_per_step: float, budget_bytes: int | None
+        self,
+        setup: Setup,
+        max_input_length: int,
+        labels_per_step: float,
+        budget_bytes: int | None,
+        batch_cap: int | None = None,
     ) -> tuple[PeakModel, PeakModel]:
         key = (
             setup.precision,
@@ -160,6 +168,7 @@ class CostEstimator:
             setup.freeze_feature_encoder,
             max_input_length,
             budget_bytes,
+            batch_cap,
         )
         if key not in self._fits:
             base = Setup(
@@ -196,6 +205,8 @@ class CostEstimator:
                 for t in (max_input_length // 4, max_input_length // 2, max_input_length):
                     u = max(1, round(t * labels_per_step))
                     b = min(memory.max_batch(budget_bytes, t, u), _REFINE_MAX_BATCH)
+                    if batch_cap is not None and b >= CAP_MARGIN * batch_cap:
+                        continue
                     for batch in sorted({b, b // 2} - {0, 1, 2}):
                         trace(batch, t)
                 near = [p for p in points if p[3] >= _NEAR_BUDGET * budget_bytes]
@@ -250,13 +261,18 @@ class CostEstimator:
         labels_per_step: float,
         architecture: str | None = None,
         budget_bytes: int | None = None,
+        batch_cap: int | None = None,
     ) -> SetupCosts:
         """Fit the costs of ``setup`` for batches up to ``max_input_length``.
 
         With ``budget_bytes`` (usable memory), the fit is refined by traces at the largest
-        batches that fit, where the planner's limits are decided.
+        batches that fit, where the planner's limits are decided; with ``batch_cap`` (the
+        largest batch the plan takes), not at lengths where the first fit allows
+        ``CAP_MARGIN`` times the cap.
         """
-        memory, flops = self._activation_fit(setup, max_input_length, labels_per_step, budget_bytes)
+        memory, flops = self._activation_fit(
+            setup, max_input_length, labels_per_step, budget_bytes, batch_cap
+        )
         opt = self._optimizer_trace(setup)
         state = opt.optimizer_state_bytes
         steady = PeakModel(
@@ -288,6 +304,7 @@ class CostEstimator:
                     setup.freeze_feature_encoder,
                     max_input_length,
                     budget_bytes,
+                    batch_cap,
                 ),
                 [],
             ),

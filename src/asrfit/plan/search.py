@@ -315,8 +315,9 @@ def plan(
 
     def evaluate(setup: Setup | SetupCosts, refined: bool = True) -> tuple[SetupCosts, Any]:
         """Costs (traced for a Setup; given costs are bucketed as they are) and buckets."""
+        cap = None if exhaustive else batch_cap  # the exhaustive search refines every length
         costs = setup if isinstance(setup, SetupCosts) else estimator.costs(
-            setup, max_input, labels_per_second / rate, arch, usable if refined else None
+            setup, max_input, labels_per_second / rate, arch, usable if refined else None, cap
         )
         costs.expandable_segments = expandable_segments
         args = (durations, usable, rate, labels_per_second, edge_max, batch_cap)
