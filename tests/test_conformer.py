@@ -95,6 +95,15 @@ def test_tiny_parameter_count_matches_hand_count():
     assert n_params(model) == expected + decoder == 60_853
 
 
+def test_fewer_subsampling_channels_match_hand_count():
+    d, c = 32, 8  # subsampling convs 1 -> 8 -> 8 channels; 13 mel bins -> 7 -> 4
+    full = n_params(tiny_model())
+    fewer = n_params(tiny_model(subsampling_conv_channels=c))
+    before = (9 * d + d) + (9 * d * d + d) + linear(d * 4, d)
+    after = (9 * c + c) + (9 * c * c + c) + linear(c * 4, d)
+    assert full - fewer == before - after == 13_696 - 1_720  # 80 + 584 + 1,056 by hand
+
+
 # ------------------------------------------------------------------ shapes and masking
 
 
@@ -287,6 +296,7 @@ def test_save_pretrained_and_auto_from_pretrained_round_trip(tmp_path):
         ({"d_model": 3.5}, "d_model"),
         ({"conv_kernel_size": 4}, "conv_kernel_size"),
         ({"subsampling_factor": 2}, "subsampling_factor"),
+        ({"subsampling_conv_channels": 0}, "subsampling_conv_channels"),
         ({"dropout": 1.0}, "dropout"),
         ({"ctc_weight": 1.5}, "ctc_weight"),
         ({"vocab_size": 1}, "vocab_size"),

@@ -206,6 +206,8 @@ class CostEstimator:
                     u = max(1, round(t * labels_per_step))
                     b = min(memory.max_batch(budget_bytes, t, u), _REFINE_MAX_BATCH)
                     if batch_cap is not None and b >= CAP_MARGIN * batch_cap:
+                        if self.progress is not None:
+                            self.progress.skip(2)  # the two refinement traces of this length
                         continue
                     for batch in sorted({b, b // 2} - {0, 1, 2}):
                         trace(batch, t)

@@ -67,6 +67,9 @@ class ConformerCTCConfig(PretrainedConfig):
         ffn_mult: Feed-forward inner size as a multiple of D (Default: 4).
         conv_kernel_size: Depthwise conv kernel over time, odd (Default: 15).
         subsampling_factor: Time subsampling, 4 or 8 (Default: 4).
+        subsampling_conv_channels: Channels of the subsampling convolutions (Default: None,
+            ``d_model``); fewer make the front-end's stride-2 3x3 convolutions, often the
+            costliest part of a small model's step on a CPU, cheaper (NeMo's name).
         dropout: Dropout everywhere: positions, attention, FFN, residuals (Default: 0.1).
         decoder_layers: Attention-decoder layers; 0 means CTC only (Default: 0).
         decoder_attention_heads: Decoder self- and cross-attention heads (Default: 4).
@@ -95,6 +98,7 @@ class ConformerCTCConfig(PretrainedConfig):
     ffn_mult: int = 4
     conv_kernel_size: int = 15
     subsampling_factor: int = 4
+    subsampling_conv_channels: int | None = None
     dropout: float = 0.1
     decoder_layers: int = 0
     decoder_attention_heads: int = 4
@@ -133,6 +137,9 @@ class ConformerCTCConfig(PretrainedConfig):
             raise self._fail("conv_kernel_size", "must be odd, so that frames stay centred")
         if self.subsampling_factor not in SUBSAMPLING_FACTORS:
             raise self._fail("subsampling_factor", f"must be one of {SUBSAMPLING_FACTORS}")
+        channels = self.subsampling_conv_channels
+        if channels is not None and (not _is_int(channels) or channels < 1):
+            raise self._fail("subsampling_conv_channels", "must be None (d_model) or an integer >= 1")
         for name, closed in (("dropout", False), ("ctc_weight", True)):
             value = getattr(self, name)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)

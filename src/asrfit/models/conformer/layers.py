@@ -88,7 +88,7 @@ class ConvSubsampling(nn.Module):
 
     def __init__(self, config: ConformerCTCConfig) -> None:
         super().__init__()
-        channels = config.d_model
+        channels = config.subsampling_conv_channels or config.d_model
         stages = int(math.log2(config.subsampling_factor))
         self.convs = nn.ModuleList(
             nn.Conv2d(1 if i == 0 else channels, channels, 3, stride=2, padding=1)

@@ -3,9 +3,10 @@
 Shapes (B: batch, T: mel frames, T': encoder frames, U: label tokens, D: ``d_model``):
 
 - Subsampling: ``log2(subsampling_factor)`` stages of ``Conv2d(3x3, stride 2, padding 1)`` +
-  ReLU over (time, mel), ``d_model`` channels, then a Linear to ``d_model`` (NeMo/ESPnet
-  "striding"). Each stage maps ``n`` frames to ``(n - 1) // 2 + 1``; padded frames are zeroed
-  before every stage, so padding never reaches a real frame.
+  ReLU over (time, mel), ``subsampling_conv_channels`` channels (default ``d_model``), then a
+  Linear to ``d_model`` (NeMo/ESPnet "striding"). Each stage maps ``n`` frames to
+  ``(n - 1) // 2 + 1``; padded frames are zeroed before every stage, so padding never reaches
+  a real frame.
 - Positions: sinusoidal absolute positions added after subsampling (input scaled by
   ``sqrt(D)`` first, as ESPnet's ``PositionalEncoding``). Relative positions are not used.
 - Conformer block (pre-LayerNorm): half-step FFN, multi-head self-attention
