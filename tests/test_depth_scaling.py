@@ -239,3 +239,19 @@ def test_partial_checkpointing_scales_where_the_backward_peak_changes_place() ->
     assert scaled.peak_bytes == full.peak_bytes
     assert scaled.phase_peaks_bytes == full.phase_peaks_bytes
     assert scaled.breakdown_bytes == full.breakdown_bytes
+
+
+def test_a_full_trace_is_used_once_it_makes_fewer_kernel_calls() -> None:
+    """6 layers traced as 2, 3 and 4 repeat the feature encoder, head and loss three times:
+    more kernel calls than one full trace. The next step of the same adapter and setup is
+    traced whole (and is the full trace)."""
+    make, batch = CASES["wav2vec2"]
+    adapter = _adapter(make())
+    first = scaled_step(adapter, batch, steps=1, min_saving=0)
+    assert any(a.startswith("depth: scaled") for a in first.assumptions)
+    second = scaled_step(adapter, BatchShape(3, 4000, 8), steps=1, min_saving=0)
+    note = next(a for a in second.assumptions if a.startswith("depth:"))
+    assert note.startswith("depth: full trace (the reduced traces made"), second.assumptions
+    full = simulate_step(adapter, BatchShape(3, 4000, 8), steps=1)
+    assert second.peak_bytes == full.peak_bytes
+    assert second.breakdown_bytes == full.breakdown_bytes

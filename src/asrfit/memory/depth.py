@@ -175,7 +175,9 @@ def scaled_step(
     repeated layers, when the reduced traces would not save ``min_saving`` layers, when the
     repeated layers are fewer than ``worth`` times the layers of all reduced traces together
     (each reduced trace also repeats every other part of the model: the planner asks for 2),
-    or when the check trace is not on the linear model.
+    or when the check trace is not on the linear model; and, after a first scaled step whose
+    reduced traces made more kernel calls than the full model's trace would, for every later
+    step of the same adapter and setup.
     """
     setup = setup or Setup()
     full = full_layout(adapter, batch, setup, target)
@@ -197,6 +199,15 @@ def scaled_step(
     if not n or sum(real) - traced < min_saving or sum(real) < worth * total:
         step = simulate_step(adapter, batch, setup, target=target, steps=steps)
         step.assumptions.append("depth: full trace (no repeated layers to scale)")
+        return step
+    memo = (id(adapter), repr(setup))
+    if memo in _WHOLE_CHEAPER:
+        reduced, whole = _WHOLE_CHEAPER[memo][1:]
+        step = simulate_step(adapter, batch, setup, target=target, steps=steps)
+        step.assumptions.append(
+            f"depth: full trace (the reduced traces made {reduced:,} kernel calls, the full "
+            f"model {whole:,})"
+        )
         return step
     fields = depth_fields(adapter, batch, setup, target)
     runs, details = [], []
@@ -237,7 +248,19 @@ def scaled_step(
         step.trace_seconds += sum(r.trace_seconds for r in runs)
         return step
     step.assumptions.append(f"depth: reduced traces built {built}")
+    # A trace costs about its kernel calls, which are linear in the layer counts too: where
+    # everything outside the stacks outweighs them (a transducer loss's loop over the
+    # lattice's diagonals), one full trace is cheaper than the reduced ones, from then on.
+    calls = [sum(row[6] for row in r.cost.rows) for r in runs]
+    whole = round(_lin(calls, design, real)[0])
+    if sum(calls) > whole:
+        _WHOLE_CHEAPER[memo] = (adapter, sum(calls), whole)
     return step
+
+
+# Per (adapter, setup), this process (keeping the adapter alive, so that its id stays its
+# own): the reduced traces made more kernel calls than the full trace would.
+_WHOLE_CHEAPER: dict[tuple, tuple[StepAdapter, int, int]] = {}
 
 
 def _extrapolate(
