@@ -210,6 +210,14 @@ def scaled_step(
         )
         return step
     fields = depth_fields(adapter, batch, setup, target)
+
+    def trace(counts: dict[str, int], depths: dict[str, int], detail: dict) -> StepMemory:
+        with config_values([(*fields[k], v) for k, v in depths.items()]):
+            prune = _pruner(counts, full, depths)
+            return simulate_step(
+                adapter, batch, setup, target=target, steps=steps, prune=prune, detail=detail
+            )
+
     runs, details = [], []
     built = "at reduced depth" if fields else "whole (no config attribute sets a stack's depth)"
     for d in design:
@@ -217,27 +225,10 @@ def scaled_step(
         depths = {k: v for k, v in build_depths(full, layer_counts).items() if k in fields}
         s: dict = {}
         try:
-            with config_values([(*fields[k], v) for k, v in depths.items()]):
-                step = simulate_step(
-                    adapter,
-                    batch,
-                    setup,
-                    target=target,
-                    steps=steps,
-                    prune=_pruner(layer_counts, full, depths),
-                    detail=s,
-                )
+            step = trace(layer_counts, depths, s)
         except Mismatch as e:  # this setup builds otherwise at reduced depth: build whole
             built, fields, s = f"whole (a reduced build differed: {e})", {}, {}
-            step = simulate_step(
-                adapter,
-                batch,
-                setup,
-                target=target,
-                steps=steps,
-                prune=_pruner(layer_counts, full, {}),
-                detail=s,
-            )
+            step = trace(layer_counts, {}, s)
         runs.append(step)
         details.append(s)
     try:
