@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument(
         "--baseline-src",
         default="",
-        help="also plan cold with the asrfit package under this folder (e.g. from "
+        help="also plan cold (and warm) with the asrfit package under this folder (e.g. from "
         "`git archive <commit> src | tar -x -C /tmp/base`, then /tmp/base/src)",
     )
     parser.add_argument("--no-warm", action="store_true", help="skip the warm run")
@@ -105,6 +105,13 @@ def main() -> None:
                 manifest, Path(tmp) / "cache-base", args.model, args.gpu, src=args.baseline_src
             )
             if args.baseline_src
+            else None
+        )
+        base_warm = (
+            run_once(
+                manifest, Path(tmp) / "cache-base", args.model, args.gpu, src=args.baseline_src
+            )
+            if args.baseline_src and not args.no_warm
             else None
         )
     command = f"python bench/plan_speed.py --model {args.model} --gpu {args.gpu}"
@@ -129,6 +136,8 @@ def main() -> None:
         lines.append(_row("cold, exhaustive search (every fit refined)", full))
     if base is not None:
         lines.append(_row(f"cold, code at {args.baseline_src}", base))
+    if base_warm is not None:
+        lines.append(_row(f"warm, code at {args.baseline_src}", base_warm))
     lines += ["", f"Plan: {cold['setup']}, limits {cold['buckets']}."]
     if full is not None:
         same = full["setup"] == cold["setup"] and full["buckets"] == cold["buckets"]

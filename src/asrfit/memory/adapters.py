@@ -154,22 +154,22 @@ def hf_adapter(
             "AutoModelForSpeechSeq2Seq class goes through asrfit.memory.generic.speech_adapter."
         )
     family = _CLASS_FAMILY[cls_name]
-    if family == "asrfit_conformer":
-        from asrfit.models import conformer
-
-        cls = conformer.ConformerForCTC
-    else:
-        cls = getattr(transformers, cls_name)
     label = name or getattr(config, "name_or_path", None) or cls_name
 
-    if getattr(cls, "_supports_sdpa", False) and getattr(config, "_attn_implementation", None) in (
-        None,
-        "eager",
-    ):
-        # Training loads models with SDPA attention by default; so does the simulation.
-        config._attn_implementation = "sdpa"
-
     def build() -> nn.Module:
+        # The class is looked up here, at the first build: importing a transformers
+        # modelling module costs 1-2 s, which a plan whose traces are cached never needs.
+        if family == "asrfit_conformer":
+            from asrfit.models import conformer
+
+            cls = conformer.ConformerForCTC
+        else:
+            cls = getattr(transformers, cls_name)
+        if getattr(cls, "_supports_sdpa", False) and getattr(
+            config, "_attn_implementation", None
+        ) in (None, "eager"):
+            # Training loads models with SDPA attention by default; so does the simulation.
+            config._attn_implementation = "sdpa"
         model = cls(config)
         if freeze_feature_encoder and hasattr(model, "freeze_feature_encoder"):
             model.freeze_feature_encoder()

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import nnls
 
 from asrfit.utils.serialization import JsonDataclass
 
@@ -104,6 +103,8 @@ def fit_peak_model(
     weighted = x / y[:, None]
     scale = np.abs(weighted).max(axis=0)
     scale[scale == 0] = 1.0
+    from scipy.optimize import nnls  # imported when first needed: 0.3 s
+
     coef, _ = nnls(weighted / scale, np.ones_like(y))
     coef = coef / scale
     fitted = x @ coef

@@ -86,7 +86,15 @@ def resolve_adapter(model: Any, *, freeze_feature_encoder: bool = True) -> tuple
     config = (
         model if hasattr(model, "to_dict") and hasattr(model, "model_type") else load_config(model)
     )
-    profile = ModelProfile.from_spec(config, freeze_feature_encoder=freeze_feature_encoder)
+    from asrfit.memory.cache import cached_model_fact
+    from asrfit.profiles.registry import config_to_dict
+
+    def measure() -> dict[str, Any]:  # builds the model on the meta device
+        built = ModelProfile.from_spec(config, freeze_feature_encoder=freeze_feature_encoder)
+        return built.to_dict()
+
+    inputs = {"config": config_to_dict(config), "freeze_feature_encoder": freeze_feature_encoder}
+    profile = ModelProfile.from_dict(cached_model_fact("profile", inputs, measure))
     name = model if isinstance(model, str) else profile.name
     return speech_adapter(config, freeze_feature_encoder=freeze_feature_encoder, name=name), profile
 

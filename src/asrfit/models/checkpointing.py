@@ -23,24 +23,22 @@ run ``torch.utils.checkpoint`` non-reentrant, as the simulator does.
 from __future__ import annotations
 
 import functools
+import sys
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from asrfit.errors import ConfigError
 
-try:  # transformers >= 5 (asrfit's floor); the lookup keeps this leaf importable without it
-    from transformers.modeling_layers import GradientCheckpointingLayer
-except ImportError:  # pragma: no cover - transformers is a declared dependency
-    GradientCheckpointingLayer = ()  # type: ignore[assignment,misc]
-
 
 def _flag_checkpointable(owner: nn.Module, layers: nn.ModuleList) -> bool:
     if getattr(owner, "per_layer_checkpointing", False):
         return True
-    return bool(GradientCheckpointingLayer) and all(
-        isinstance(m, GradientCheckpointingLayer) for m in layers
-    )
+    # Looked up, not imported: importing transformers' modelling code costs about 2 s, and
+    # when it was never imported no layer can be one of its classes (a warm plan needs it not).
+    module = sys.modules.get("transformers.modeling_layers")
+    layer_class = getattr(module, "GradientCheckpointingLayer", None)
+    return layer_class is not None and all(isinstance(m, layer_class) for m in layers)
 
 
 def encoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:

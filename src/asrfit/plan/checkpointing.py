@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from asrfit.errors import ConfigError
+from asrfit.memory.cache import cached_model_fact
 from asrfit.memory.costmodel import PeakModel, lerp_models
 from asrfit.memory.setup import Setup
 from asrfit.models.checkpointing import encoder_layer_count
@@ -43,15 +44,25 @@ MAX_LAYER_EVALUATIONS = 2 + _MAX_EXTRA_TRACES
 Evaluate = Callable[[Any], tuple[SetupCosts, Any]]
 
 
-def encoder_layers_of(adapter: Any) -> int:
-    """Encoder layers that can be checkpointed one by one (0: none; built on the meta device)."""
-    try:
-        with torch.device("meta"):
-            model = adapter.build()
-        return encoder_layer_count(model)
-    except (ConfigError, RuntimeError, TypeError, ValueError, NotImplementedError) as err:
-        logger.info("partial checkpointing not planned for %s: %s", adapter.name, err)
-        return 0
+def encoder_layers_of(adapter: Any, config: dict[str, Any] | None = None) -> int:
+    """Encoder layers that can be checkpointed one by one (0: none; built on the meta device).
+
+    With the model's ``config`` (its profile's dict), the count is cached on disk with the
+    simulations (:func:`asrfit.memory.cache.cached_model_fact`): a warm plan builds nothing.
+    """
+
+    def count() -> int:
+        try:
+            with torch.device("meta"):
+                model = adapter.build()
+            return encoder_layer_count(model)
+        except (ConfigError, RuntimeError, TypeError, ValueError, NotImplementedError) as err:
+            logger.info("partial checkpointing not planned for %s: %s", adapter.name, err)
+            return 0
+
+    if config is None:
+        return count()
+    return int(cached_model_fact("encoder_layers", {"config": config}, count))
 
 
 class _LineOrFloor:

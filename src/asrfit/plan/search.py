@@ -325,7 +325,7 @@ def plan(
 
     candidates: list[_Candidate] = []
     tried: list[str] = []
-    layers, ckpt_reasons, all_costs = encoder_layers_of(adapter), {}, []
+    layers, ckpt_reasons, all_costs = encoder_layers_of(adapter, profile.config), {}, []
     estimator.progress = progress
     if progress is not None:
         progress.frames_per_second = rate

@@ -86,9 +86,14 @@ def _fit_fixed(points: list[tuple[int, int, float]]) -> PeakModel:
     return fit_peak_model([(1, t, u, max(1, round(v))) for t, u, v in points])
 
 
+def _fits(costs: Any, rates: DeviceRates) -> tuple[dict[str, StepTimeFit], str]:
+    """The fits kept on ``costs`` and the key of ``rates`` among them."""
+    # A dataclass repr names every field; 10x cheaper than to_json (called per bucket).
+    return costs.__dict__.setdefault("_speed_fits", {}), repr(rates)
+
+
 def _fit(costs: Any, rates: DeviceRates) -> StepTimeFit:
-    cache = costs.__dict__.setdefault("_speed_fits", {})
-    key = rates.to_json()
+    cache, key = _fits(costs, rates)
     if key not in cache:
         if len(costs.time_points) < 4:
             raise ValueError(
@@ -140,7 +145,8 @@ def step_time_fit(costs: Any, rates: DeviceRates) -> StepTimeFit:
 
 def set_step_time_fit(costs: Any, rates: DeviceRates, fit: StepTimeFit) -> None:
     """Give ``costs`` a step-time fit made elsewhere (an interpolation between two setups)."""
-    costs.__dict__.setdefault("_speed_fits", {})[rates.to_json()] = fit
+    cache, key = _fits(costs, rates)
+    cache[key] = fit
 
 
 def fit_residual(costs: Any, rates: DeviceRates) -> float:
