@@ -61,10 +61,26 @@ def test_first_step_lacks_optimizer_state() -> None:
     big = BatchShape(batch_size=2048, input_length=D, label_length=1)
     r = simulate_step(_mlp_adapter(), big, Setup(optimizer="adamw"), target="cpu")
     params = W1_BYTES + W2_BYTES
-    assert r.breakdown_bytes["optimizer_state"] == 2 * params  # exp_avg and exp_avg_sq
+    # exp_avg and exp_avg_sq, and per parameter a 4-byte fp32 `step` scalar, which on a CPU
+    # lives in the same memory (one 512-byte block each in the rounded breakdown)
+    state = 2 * params + 2 * 512
+    assert r.breakdown_bytes["optimizer_state"] == state
     assert r.peak_phase == "backward"
     first, second = r.step_peaks_bytes
-    assert second - first == 2 * params  # the state made in step 1 is live through step 2
+    assert second - first == state  # the state made in step 1 is live through step 2
+
+
+def test_adamw_step_scalars_count_on_a_cpu_and_not_on_a_gpu() -> None:
+    # PyTorch keeps AdamW's `step` on the host for CUDA parameters: not GPU memory; on a
+    # CPU target the host is the device. 2 parameters: 2 x 4 bytes, in the raw peak.
+    big = BatchShape(batch_size=2048, input_length=D, label_length=1)
+    setup = Setup(optimizer="adamw")
+    cpu = simulate_step(_mlp_adapter(), big, setup, target="cpu")
+    gpu = simulate_step(_mlp_adapter(), big, setup, target="cuda")
+    assert gpu.breakdown_bytes["optimizer_state"] == 2 * (W1_BYTES + W2_BYTES)
+    assert (
+        cpu.breakdown_bytes["optimizer_state"] - gpu.breakdown_bytes["optimizer_state"] == 2 * 512
+    )
 
 
 def test_adamw8bit_state_follows_bitsandbytes_layout() -> None:
