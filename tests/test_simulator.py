@@ -174,3 +174,32 @@ def test_builds_without_initialisers_trace_the_same_step(monkeypatch: pytest.Mon
     # tied: the 1024 x 32 embedding counted once (untied would add 128 KiB; block rounding < 32 KiB)
     params = sum(p.numel() for p in transformers.WhisperForConditionalGeneration(cfg).parameters())
     assert 4 * params <= skipped.breakdown_bytes["parameters"] < 4 * params + 4 * 1024 * 32 // 2
+
+
+def _scaled_adapter(scale_as_tensor: bool) -> StepAdapter:
+    """loss = (W x * 0.5).sum(), the 0.5 a Python number or a 0-dim float64 input tensor."""
+
+    def build() -> nn.Module:
+        return nn.Linear(D, H, bias=False)
+
+    def make_inputs(shape: BatchShape, tracker: object) -> dict[str, object]:
+        scale = torch.tensor(0.5, dtype=torch.float64) if scale_as_tensor else 0.5
+        return {"x": torch.randn(shape.batch_size, D), "scale": scale}
+
+    def loss(model: nn.Module, kw: dict) -> torch.Tensor:
+        return (model(kw["x"]) * kw["scale"]).sum()
+
+    return StepAdapter("scaled", build, make_inputs, loss)
+
+
+def test_a_python_number_saved_by_autograd_counts_on_a_cpu() -> None:
+    # `y * 0.5` wraps 0.5 in an 8-byte tensor below the dispatcher and MulBackward keeps it
+    # until backward: on a CPU the step holds the same bytes as with an explicit 0-dim
+    # float64 tensor (an input, live all step); on a GPU the wrapped number is host memory.
+    setup = Setup(optimizer="sgd")
+    number = simulate_step(_scaled_adapter(False), SHAPE, setup, target="cpu")
+    tensor = simulate_step(_scaled_adapter(True), SHAPE, setup, target="cpu")
+    assert number.peak_phase == tensor.peak_phase == "backward"
+    assert number.peak_raw_bytes == tensor.peak_raw_bytes
+    on_gpu = simulate_step(_scaled_adapter(False), SHAPE, setup, target="cuda")
+    assert number.peak_raw_bytes - on_gpu.peak_raw_bytes == 8

@@ -311,6 +311,7 @@ def simulate_step(
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     tracker = StorageTracker()
     tracker.scratch = scratch_rules(target, tracker)
+    tracker.count_saved_scalars = target == "cpu"
     with fake_mode, device_kernels(target), _values_released(tracker):
         with _no_init_kernels():
             model = _build(adapter, setup)
@@ -343,6 +344,7 @@ def simulate_step(
                     else:
                         with plain_accumulation(tracker, [loss]):
                             loss.backward()
+                    tracker.release_saved_scalars()
                     grads = [p.grad for p in params if p.grad is not None]
                     tracker.retag(grads, "gradients")
                     if setup.precision is Precision.FP16:

@@ -42,6 +42,17 @@ _MAX_SMALL_SHADOW_NUMEL = 4096
 _INT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 
 
+# Binary ops whose backward formula keeps the other operand (``grad * other``,
+# ``grad / other``): with a Python number there, that is a wrapped 0-dim tensor.
+_SAVES_NUMBER_OPERAND = frozenset(
+    {
+        torch.ops.aten.mul.Tensor,
+        torch.ops.aten.div.Tensor,
+        torch.ops.aten.div.Tensor_mode,
+    }
+)
+
+
 def round_block(nbytes: int) -> int:
     """Round a request up to the caching allocator's 512-byte granularity (0 stays 0)."""
     return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
@@ -120,6 +131,10 @@ class StorageTracker(TorchDispatchMode):
         self._values = WeakTensorKeyDictionary()  # fake tensor -> real tensor
         self._handlers = datadep.HANDLERS
         self.scratch: dict[Any, Any] = {}  # op -> rule(args, kwargs, out) -> kernel-internal bytes
+        # Count the 0-dim tensors autograd saves for a Python number operand (a CPU target:
+        # on a GPU they are host memory); held until :meth:`release_saved_scalars`.
+        self.count_saved_scalars = False
+        self._saved_scalars: list[int] = []
 
     # -- storages ---------------------------------------------------------------
     def _track(self, t: torch.Tensor, tag: str | None = None, op: Any = None) -> int | None:
@@ -167,6 +182,29 @@ class StorageTracker(TorchDispatchMode):
         self.log.blocks[key] = Block(key, nbytes, self.phase, self.step, f"workspace:{label}")
         self.log.events.append((key, 1))
         self.log.events.append((key, -1))
+
+    def _saved_scalar(self, func: Any, args: tuple) -> None:
+        """``x * 0.5`` runs ``mul.Tensor`` with 0.5 wrapped in a 0-dim CPU tensor (8 bytes)
+        made below the dispatcher, so no trace sees it; autograd saves it for ``x``'s
+        gradient (``mul``, ``div``) until the node runs in backward. Held to the end of the
+        backward pass (pessimistic: a node that runs earlier frees it earlier)."""
+        numbers = [a for a in args[:2] if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        if not numbers or not torch.is_grad_enabled():
+            return
+        if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args[:2]):
+            return
+        key = next(self._ids)
+        self.log.blocks[key] = Block(
+            key, 8, self.phase, self.step, None, func, (), None, self.region
+        )
+        self.log.events.append((key, 1))
+        self._saved_scalars.append(key)
+
+    def release_saved_scalars(self) -> None:
+        """Free the saved Python-number operands (call when a backward pass is over)."""
+        for key in self._saved_scalars:
+            self.log.events.append((key, -1))
+        self._saved_scalars.clear()
 
     # -- values -------------------------------------------------------------------
     def set_value(self, fake: torch.Tensor, real: torch.Tensor) -> None:
@@ -264,6 +302,8 @@ class StorageTracker(TorchDispatchMode):
         for t in tensors_in(out):
             if isinstance(t, FakeTensor):  # real tensors here are shadow values, not device memory
                 self._track(t, op=func)
+        if self.count_saved_scalars and func in _SAVES_NUMBER_OPERAND and self.phase == "forward":
+            self._saved_scalar(func, args)
         rule = self.scratch.get(func)
         if rule is not None:
             nbytes = rule(args, kwargs, out)
