@@ -27,6 +27,7 @@ make multi-threaded timings meaningless there.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import statistics
 import sys
@@ -42,6 +43,7 @@ from _report import write_section  # noqa: E402
 from _timing import Timed, time_cases  # noqa: E402
 
 from asrfit.memory.runtime import step_seconds  # noqa: E402
+from asrfit.profiles.host import _bandwidth as host_bandwidth  # noqa: E402
 from asrfit.profiles.host import host_rates  # noqa: E402
 
 SECTION = "step-time-accuracy-cpu"
@@ -97,6 +99,25 @@ def later_cases() -> list[_grid.Case]:
         case("parakeet-ctc", "bf16", False, "adamw", 3, 2.0, 16),
         case("parakeet-tdt", "fp32", False, "sgd", 3, 1.0, 6),
         case("parakeet-tdt", "fp32", False, "adafactor", 1, 3.0, 20),
+    ]
+
+
+def after_int_cases() -> list[_grid.Case]:
+    """Written 2026-11-24 22:05 UTC, after the integer-kernel figure (``int_kernel_seconds``:
+    index arithmetic on integer tensors records no autograd), before any run with it: the
+    change was found on the parakeet-tdt cases above, so these are the held-out check."""
+    case = _grid.Case
+    return [
+        case("parakeet-tdt", "fp32", False, "adamw", 2, 2.0, 16),
+        case("parakeet-tdt", "fp32", True, "sgd", 4, 1.5, 12),
+        case("parakeet-tdt", "fp32", False, "adafactor", 3, 2.5, 8),
+        case("parakeet-tdt", "fp32", False, "sgd", 1, 4.0, 30),
+        case("parakeet-ctc", "fp32", True, "adamw", 3, 2.5, 20),
+        case("wav2vec2", "fp32", True, "sgd", 4, 2.0, 16),
+        case("whisper", "bf16", False, "adamw", 3, 2.0, 12),
+        case("hubert", "fp32", False, "adamw", 2, 3.0, 24),
+        case("wavlm", "bf16", False, "adafactor", 4, 1.5, 12),
+        case("whisper", "fp32", False, "adafactor", 2, 4.0, 30),
     ]
 
 
@@ -168,6 +189,20 @@ def choices(rows: list[Timed]) -> list[str]:
     return out
 
 
+def _error_pct(predicted: float, measured: float) -> float:
+    return 100.0 * (predicted - measured) / measured
+
+
+def _summary_without(rows: list[Timed], rates) -> str:  # noqa: ANN001
+    without = dataclasses.replace(rates, int_kernel_seconds=None)
+    errors = [abs(_error_pct(step_seconds(r.cost, without), r.measured_seconds)) for r in rows]
+    tdt = [e for e, r in zip(errors, rows, strict=True) if r.case.arch == "parakeet-tdt"]
+    return (
+        f"median |error| {statistics.median(errors):.1f} %, max {max(errors):.1f} %; "
+        f"parakeet-tdt cases: median |error| {statistics.median(tdt):.1f} %"
+    )
+
+
 def _summary(rows: list[Timed]) -> str:
     errors = [abs(r.error_pct) for r in rows]
     fastest = [abs(r.fastest_error_pct) for r in rows]
@@ -203,13 +238,22 @@ def _rates_line(rates) -> str:  # noqa: ANN001
         f"bf16 {rates.matmul_rate('bf16') / 1e9:.1f} GFLOP/s, fp32 conv "
         f"{rates.conv_rate('fp32') / 1e9:.1f} GFLOP/s, bandwidth "
         f"{rates.memory_bytes_per_second / 1e9:.1f} GB/s; fixed us per kernel, forward/backward: "
-        f"{kinds}; optimizer {(rates.optimizer_kernel_seconds or 0) * 1e6:.1f} us per kernel; "
+        f"{kinds}; integer index arithmetic {(rates.int_kernel_seconds or 0) * 1e6:.1f}; "
+        f"optimizer {(rates.optimizer_kernel_seconds or 0) * 1e6:.1f} us per kernel; "
         f"{rates.module_seconds * 1e6:.1f} us per module call."
     )
 
 
-def render(fitted: list[Timed], held: list[Timed], later: list[Timed], rates) -> str:  # noqa: ANN001
+def render(  # noqa: ANN001
+    fitted: list[Timed],
+    held: list[Timed],
+    later: list[Timed],
+    after: list[Timed],
+    rates,
+    bandwidth: tuple[float, float],
+) -> str:
     """The markdown section."""
+    everything = fitted + held + later + after
     lines = [
         "## Step time: predicted vs measured (CPU)",
         "",
@@ -218,28 +262,54 @@ def render(fitted: list[Timed], held: list[Timed], later: list[Timed], rates) ->
         f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
         f"1 thread; {_rates_line(rates)}",
         "",
-        _load_note(fitted + held + later),
+        _load_note(fitted + held + later + after),
+        "",
+        f"Memory bandwidth (`torch.add` over 16 MiB, best of 5) measured at the start and the "
+        f"end of this run: {bandwidth[0] / 1e9:.1f} and {bandwidth[1] / 1e9:.1f} GB/s, against "
+        f"{rates.memory_bytes_per_second / 1e9:.1f} GB/s in the cached host rates: where they "
+        "differ, neighbours on the shared machine are taking memory bandwidth and the "
+        "memory-bound kernels run slower than the rates say.",
         "",
         "The model (docs/step_time.md): per kernel, a fixed cost measured for its kind "
         "(`asrfit.profiles.host_kernels`) plus its roofline; per `nn.Module` call, a measured bare "
         "module call times `MODULE_FACTOR`, the one fitted figure; the optimizer's kernels at "
         "their own measured cost. The held-out families' phase timings (forward, backward, "
         "optimizer of one step each) were looked at while choosing that form; nothing was "
-        "fitted on them. The `later` cases were written after the model was final.",
+        "fitted on them. The `later` cases were written after that model was final. Then "
+        "one figure was added, found on the parakeet-tdt cases of both sets (over-predicted "
+        "by 18-37 %): a forward kernel on integer or bool tensors only (a transducer loss's "
+        "index arithmetic: thousands per step) costs its own measured figure "
+        "(`int_kernel_seconds`: no autograd recording), not a float kernel's. The `after` "
+        "cases were written after that change and before any run with it.",
         "",
         f"- fitted (the per-module factor was set on these): {_summary(fitted)}",
         f"- held out (other families, not fitted): {_summary(held)}",
-        f"- later (written after the model was final): {_summary(later)}",
+        f"- later (written after the per-kind model; its TDT cases led to the integer figure): "
+        f"{_summary(later)}",
+        f"- after (written after the integer figure, held out from every change): {_summary(after)}",
+        f"- all: {_summary(fitted + held + later + after)}",
+        f"- parakeet-tdt cases: median |error| "
+        f"{statistics.median(abs(r.error_pct) for r in everything if r.case.arch == 'parakeet-tdt'):.1f} %",
+        f"- the same cases priced without the integer figure (same run, same measurements): "
+        f"{_summary_without(fitted + held + later + after, rates)}",
         "",
-        "| set | case | predicted ms | measured ms (median) | error | fastest ms | error | load before/after |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| set | case | predicted ms | measured ms (median) | error | fastest ms | error | "
+        "error without the integer figure | load before/after |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for label, rows in (("fitted", fitted), ("held out", held), ("later", later)):
+    without = dataclasses.replace(rates, int_kernel_seconds=None)
+    for label, rows in (
+        ("fitted", fitted),
+        ("held out", held),
+        ("later", later),
+        ("after", after),
+    ):
         for r in rows:
             lines.append(
                 f"| {label} | {r.case.name} | {r.predicted_seconds * 1e3:.1f} | "
                 f"{r.measured_seconds * 1e3:.1f} | {r.error_pct:+.1f} % | "
                 f"{min(r.steps_seconds) * 1e3:.1f} | {r.fastest_error_pct:+.1f} % | "
+                f"{_error_pct(step_seconds(r.cost, without), r.measured_seconds):+.1f} % | "
                 f"{r.load_before:.1f} / {r.load_after:.1f} |"
             )
     lines += ["", "Pairs the planner compares (faster one, predicted vs measured):", ""]
@@ -294,6 +364,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rates = host_rates(1)
+    bandwidth_before = host_bandwidth()
     fitted = _run(fitted_cases(), rates, args.steps)
     if args.fit:
         gamma, _ = fit_factors(fitted, rates)
@@ -301,7 +372,8 @@ def main() -> None:
         return
     held = _run(held_out_cases(), rates, args.steps)
     later = _run(later_cases(), rates, args.steps)
-    text = render(fitted, held, later, rates)
+    after = _run(after_int_cases(), rates, args.steps)
+    text = render(fitted, held, later, after, rates, (bandwidth_before, host_bandwidth()))
     print(text)
     if args.out is not None:
         write_section(args.out, SECTION, text)

@@ -56,7 +56,7 @@ KINDS = (
     "random",
     "module",
 )
-RUNTIME_VERSION = 5  # bump when the counts of OpCounter change (simulation cache key)
+RUNTIME_VERSION = 6  # bump when the counts of OpCounter change (simulation cache key)
 STEP_PHASES = ("forward", "backward", "optimizer", "zero_grad")
 GPU_FOREACH_TENSORS_PER_LAUNCH = 48
 
@@ -253,6 +253,8 @@ class OpCounter(TorchDispatchMode):
             flops = _cpu_attention_flops(name, args, out)
         floats = [t for t in inputs if t.is_floating_point()] or outputs
         dtype = _dtype_key(floats[0].dtype if floats else None)
+        if not any(t.is_floating_point() for t in (*inputs, *outputs)):
+            dtype = "int"  # integer / bool only: never records autograd (DeviceRates.fixed_seconds)
         tensors = 1
         if name.startswith("_foreach"):  # one kernel per list element; count the first list
             first = args[0] if args and isinstance(args[0], (list, tuple)) else inputs
@@ -297,7 +299,7 @@ def _host_seconds(row: list, rates: DeviceRates) -> float:
     """Fixed cost of one call of a row (host work: Python, dispatch, autograd)."""
     if row[1] == "module":
         return rates.module_seconds
-    return _kernels(row[5], rates) * rates.fixed_seconds(row[0], row[1])
+    return _kernels(row[5], rates) * rates.fixed_seconds(row[0], row[1], row[2])
 
 
 def op_seconds(row: list, rates: DeviceRates) -> float:

@@ -37,6 +37,7 @@ from asrfit.profiles.host_kernels import (
     OPTIMIZER_PARAMS,
     REPEATS,
     best_seconds,
+    int_kernel_seconds,
     kernel_seconds_by_kind,
     module_call_seconds,
     optimizer_kernel_seconds,
@@ -46,7 +47,7 @@ from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-HOST_RATES_VERSION = 17  # bump when a micro-benchmark changes
+HOST_RATES_VERSION = 18  # bump when a micro-benchmark changes
 _MATMUL_N = 1024
 _BANDWIDTH_NUMEL = 4 << 20
 
@@ -263,6 +264,7 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
         kinds = _kind_bandwidths()
         by_kind = kernel_seconds_by_kind()
         module = module_call_seconds()
+        int_kernel = int_kernel_seconds()
         optimizer_kernel = optimizer_kernel_seconds()
     finally:
         torch.set_num_threads(previous)
@@ -280,10 +282,12 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
         threads=threads,
         kind_bytes_per_second=kinds,
         optimizer_kernel_seconds=optimizer_kernel,
+        int_kernel_seconds=int_kernel,
         sources=[
             f"measured on this machine ({platform.node()}), best of {REPEATS} repeats at "
             f"{threads} threads: linear {_MATMUL_N}^3 (bf16 {_MATMUL_N // 2}^3), conv1d 128ch k5, scaled_dot_product_attention 2x4x256x64 forward+backward, F.linear at 32^2..1024^2 and 7 convolutions forward+backward by bytes per FLOP, add over 3 arrays of 256 KiB to 256 MiB and over 3 x 16 MiB, layer norm / softmax / GELU / bernoulli_ over 16 MiB, "
-            f"per kernel kind, forward and backward of a chain of {CHAIN} tiny ops; a module "
+            f"per kernel kind, forward and backward of a chain of {CHAIN} tiny ops; integer "
+            "index arithmetic (sub, compare, and, any) on 24 elements; a module "
             f"call, {CHAIN} bare vs wrapped ops, x {MODULE_FACTOR} (fitted in "
             f"bench/step_time_accuracy.py); an AdamW step over {OPTIMIZER_PARAMS} small "
             "parameters per kernel (asrfit.profiles.host)"

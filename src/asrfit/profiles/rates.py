@@ -83,6 +83,10 @@ class DeviceRates(JsonDataclass):
         optimizer_kernel_seconds: Fixed cost of one kernel of the optimizer step and
             ``zero_grad`` (a per-parameter loop without autograd or modules: on a CPU a few
             times cheaper than a model's kernel). None: ``kernel_seconds``.
+        int_kernel_seconds: Fixed cost of one forward kernel on integer or bool tensors only
+            (index arithmetic, masks, ``any``: a transducer loss runs thousands). Integer
+            tensors never require grad, so autograd records nothing for them: cheaper than a
+            float kernel of the same kind. None: the kind's figure.
         module_seconds: Host cost of one ``nn.Module`` call beyond its kernels: the Python a
             model runs in ``forward`` (shape logic, masks, hooks) and the autograd nodes it
             records. On a CPU it adds to the step; 0 on a GPU, whose
@@ -115,6 +119,7 @@ class DeviceRates(JsonDataclass):
     kernel_seconds_by_kind: dict[str, list[float]] = field(default_factory=dict)
     attention_flops_per_second: dict[str, float] = field(default_factory=dict)
     rate_curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+    int_kernel_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for label, table in (
@@ -135,13 +140,15 @@ class DeviceRates(JsonDataclass):
                 f"kernel_seconds >= 0 (got {self.memory_bytes_per_second}, {self.kernel_seconds})."
             )
 
-    def fixed_seconds(self, phase: str, kind: str = "elementwise") -> float:
-        """Fixed cost of one kernel of ``kind`` run in ``phase`` (see the attributes)."""
+    def fixed_seconds(self, phase: str, kind: str = "elementwise", dtype: str = "fp32") -> float:
+        """Fixed cost of one kernel of ``kind`` on ``dtype`` run in ``phase`` (see the attributes)."""
         if phase in ("optimizer", "zero_grad"):
             if self.optimizer_kernel_seconds is not None:
                 return self.optimizer_kernel_seconds
             return self.kernel_seconds
         forward = phase == "forward"
+        if dtype == "int" and forward and self.int_kernel_seconds is not None:
+            return self.int_kernel_seconds
         if kind in self.kernel_seconds_by_kind:
             return self.kernel_seconds_by_kind[kind][0 if forward else 1]
         return self.forward_kernel_seconds if forward else self.kernel_seconds
