@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Simulations, model facts and host rates go to a folder of this test session, not to
+    ``~/.cache/asrfit``: a test run neither leaves files in the user's cache nor reads what an
+    older checkout left there. Subprocesses inherit it; an explicit ``ASRFIT_CACHE_DIR`` is kept."""
+    if "ASRFIT_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["ASRFIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("asrfit-cache"))
+    yield
+    os.environ.pop("ASRFIT_CACHE_DIR", None)
 
 
 @pytest.fixture(scope="module")
