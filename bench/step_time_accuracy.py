@@ -262,7 +262,7 @@ def render(  # noqa: ANN001
         f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
         f"1 thread; {_rates_line(rates)}",
         "",
-        _load_note(fitted + held + later + after),
+        _load_note(everything),
         "",
         f"Memory bandwidth (`torch.add` over 16 MiB, best of 5) measured at the start and the "
         f"end of this run: {bandwidth[0] / 1e9:.1f} and {bandwidth[1] / 1e9:.1f} GB/s, against "
@@ -287,11 +287,11 @@ def render(  # noqa: ANN001
         f"- later (written after the per-kind model; its TDT cases led to the integer figure): "
         f"{_summary(later)}",
         f"- after (written after the integer figure, held out from every change): {_summary(after)}",
-        f"- all: {_summary(fitted + held + later + after)}",
+        f"- all: {_summary(everything)}",
         f"- parakeet-tdt cases: median |error| "
         f"{statistics.median(abs(r.error_pct) for r in everything if r.case.arch == 'parakeet-tdt'):.1f} %",
         f"- the same cases priced without the integer figure (same run, same measurements): "
-        f"{_summary_without(fitted + held + later + after, rates)}",
+        f"{_summary_without(everything, rates)}",
         "",
         "| set | case | predicted ms | measured ms (median) | error | fastest ms | error | "
         "error without the integer figure | load before/after |",

@@ -67,12 +67,19 @@ def cache_dir() -> Path | None:
     return Path(value) if value else Path.home() / ".cache" / "asrfit" / "simulations"
 
 
-def cache_key(model_key: str, batch: BatchShape, setup: Setup, target: str, steps: int) -> str:
-    """A stable hash of a simulation's inputs and the library versions."""
+def _versions() -> list[str]:
+    """The asrfit, torch and transformers versions (part of every key)."""
     import torch
     import transformers
 
     from asrfit.version import __version__
+
+    return [__version__, torch.__version__, transformers.__version__]
+
+
+def cache_key(model_key: str, batch: BatchShape, setup: Setup, target: str, steps: int) -> str:
+    """A stable hash of a simulation's inputs and the library versions."""
+    import torch
 
     inputs: dict[str, object] = {
         "model": model_key,
@@ -81,7 +88,7 @@ def cache_key(model_key: str, batch: BatchShape, setup: Setup, target: str, step
         "target": target,
         "steps": steps,
         "op_costs": RUNTIME_VERSION,  # StepMemory.cost (asrfit.memory.runtime)
-        "versions": [__version__, torch.__version__, transformers.__version__],
+        "versions": _versions(),
         "source": source_fingerprint(),
     }
     if target == "cpu":
@@ -92,6 +99,30 @@ def cache_key(model_key: str, batch: BatchShape, setup: Setup, target: str, step
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
+def _read_through(
+    name: str,
+    load: Callable[[Path], Any],
+    compute: Callable[[], Any],
+    save: Callable[[Path, Any], Any],
+    damaged: tuple[type[Exception], ...],
+) -> Any:
+    """The entry ``name`` of the cache folder, or ``compute()`` stored there (atomically)."""
+    folder = cache_dir()
+    path = folder / name if folder is not None else None
+    if path is not None and path.is_file():
+        try:
+            return load(path)
+        except damaged as exc:  # an old or damaged entry: recompute and overwrite
+            logger.warning("ignoring cache entry %s: %s", path, exc)
+    value = compute()
+    if path is not None:
+        try:
+            save(path, value)
+        except OSError as exc:
+            logger.warning("could not write cache entry %s: %s", path, exc)
+    return value
+
+
 def cached_model_fact(kind: str, inputs: dict[str, Any], compute: Callable[[], Any]) -> Any:
     """A JSON value about a model (``kind``: "profile", "encoder_layers"), cached on disk.
 
@@ -100,47 +131,26 @@ def cached_model_fact(kind: str, inputs: dict[str, Any], compute: Callable[[], A
     :data:`MODEL_FACT_SOURCE_PACKAGES`; computed and stored on a miss. ``compute`` must
     return plain JSON data.
     """
-    import torch
-    import transformers
-
-    from asrfit.version import __version__
-
     payload = {
         "kind": kind,
         "inputs": inputs,
-        "versions": [__version__, torch.__version__, transformers.__version__],
+        "versions": _versions(),
         "source": source_fingerprint(MODEL_FACT_SOURCE_PACKAGES),
     }
     key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-    folder = cache_dir()
-    path = folder / f"{kind}-{key[:32]}.json" if folder is not None else None
-    if path is not None and path.is_file():
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))["value"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:  # damaged: recompute
-            logger.warning("ignoring cached %s %s: %s", kind, path, exc)
-    value = compute()
-    if path is not None:
-        try:
-            atomic_write_text(path, json.dumps({"kind": kind, "value": value}) + "\n")
-        except OSError as exc:
-            logger.warning("could not write cache %s: %s", path, exc)
-    return value
+    return _read_through(
+        f"{kind}-{key[:32]}.json",
+        lambda path: json.loads(path.read_text(encoding="utf-8"))["value"],
+        compute,
+        lambda path, value: atomic_write_text(
+            path, json.dumps({"kind": kind, "value": value}) + "\n"
+        ),
+        (OSError, ValueError, KeyError, TypeError),
+    )
 
 
 def cached(key: str, compute: Callable[[], StepMemory]) -> StepMemory:
     """Return the cached result for ``key``, computing and storing it on a miss."""
-    folder = cache_dir()
-    path = folder / f"{key}.json" if folder is not None else None
-    if path is not None and path.is_file():
-        try:
-            return StepMemory.load(path)
-        except ConfigError as exc:  # an old or damaged entry: recompute and overwrite
-            logger.warning("ignoring cached simulation %s: %s", path, exc)
-    result = compute()
-    if path is not None:
-        try:
-            result.save(path)
-        except OSError as exc:
-            logger.warning("could not write simulation cache %s: %s", path, exc)
-    return result
+    return _read_through(
+        f"{key}.json", StepMemory.load, compute, lambda path, step: step.save(path), (ConfigError,)
+    )

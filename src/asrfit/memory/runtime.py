@@ -253,7 +253,7 @@ class OpCounter(TorchDispatchMode):
             flops = _cpu_attention_flops(name, args, out)
         floats = [t for t in inputs if t.is_floating_point()] or outputs
         dtype = _dtype_key(floats[0].dtype if floats else None)
-        if not any(t.is_floating_point() for t in (*inputs, *outputs)):
+        if floats is outputs and not any(t.is_floating_point() for t in outputs):
             dtype = "int"  # integer / bool only: never records autograd (DeviceRates.fixed_seconds)
         tensors = 1
         if name.startswith("_foreach"):  # one kernel per list element; count the first list

@@ -399,9 +399,7 @@ def simulate_step(
     )
 
 
-def _state_tensors(
-    optimizer: Any, target: str = "cuda"
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _state_tensors(optimizer: Any, target: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Optimizer state tensors, split into (device state, host scalars).
 
     PyTorch keeps AdamW's ``step`` counter as a CPU scalar for CUDA parameters (unless
