@@ -13,6 +13,7 @@ import pytest
 from asrfit.errors import AudioError, ManifestError
 from asrfit.profiles import audio_files as af
 from asrfit.profiles import manifest as mf
+from asrfit.profiles.arrow_columns import float64_values, utf8_lengths
 from asrfit.testing.dummies import (
     dummy_audio_folder,
     dummy_manifest,
@@ -305,3 +306,28 @@ def test_dummy_manifest_writes_exact_audio(tmp_path):
     entries = list(mf.iter_manifest(path))
     assert [af.read_audio_header(e.audio_filepath).num_frames for e in entries] == [2000, 8000]
     assert not math.isnan(entries[0].duration_seconds)
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_utf8_lengths_count_characters_like_python(large: bool) -> None:
+    pa = pytest.importorskip("pyarrow")
+    texts = ["", "abc", "naïve café", "日本語のテキスト", "emoji 🎙️ mic", "x" * 300, "ß", ""]
+    column = pa.array(texts, type=pa.large_string() if large else pa.string())
+    assert utf8_lengths(column).tolist() == [len(t) for t in texts]
+    sliced = column.slice(2, 4)  # an offset into shared buffers, as record batches have
+    assert utf8_lengths(sliced).tolist() == [len(t) for t in texts[2:6]]
+    assert utf8_lengths(pa.array([], type=pa.string())).tolist() == []
+
+
+def test_float64_values_and_nulls_from_buffers() -> None:
+    pa = pytest.importorskip("pyarrow")
+    raw = [1.5, None, 3.25, None, None, 7.0, 8.5, None, 9.75, 10.0, None]
+    column = pa.array(raw, type=pa.float64())
+    for sliced, expected in ((column, raw), (column.slice(3, 6), raw[3:9])):
+        values, is_null = float64_values(sliced)
+        assert is_null.tolist() == [v is None for v in expected]
+        assert [float(v) for v, n in zip(values, is_null, strict=True) if not n] == [
+            v for v in expected if v is not None
+        ]
+    values, is_null = float64_values(pa.array([2.0, 4.0]))
+    assert values.tolist() == [2.0, 4.0] and not is_null.any()

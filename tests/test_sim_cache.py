@@ -90,11 +90,17 @@ def test_each_input_misses(
 @pytest.mark.parametrize("module", ["torch", "transformers", "asrfit.version"])
 def test_library_versions_change_the_key(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     before = _key()
-    # the module as imported now: transformers re-executes its package (a new module object in
-    # sys.modules) the first time some of its lazy submodules load, so the object this file
-    # imported at collection may no longer be the one `import transformers` returns
-    monkeypatch.setattr(importlib.import_module(module), "__version__", "999.0.0")
+    if module == "transformers":  # its installed distribution's version, read without importing it
+        monkeypatch.setattr(cache, "_transformers_version", lambda: "999.0.0")
+    else:
+        monkeypatch.setattr(importlib.import_module(module), "__version__", "999.0.0")
     assert _key() != before
+
+
+def test_transformers_version_is_the_installed_one() -> None:
+    import transformers
+
+    assert cache._transformers_version() == transformers.__version__
 
 
 def test_source_of_the_traced_code_changes_the_key(

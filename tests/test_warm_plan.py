@@ -33,6 +33,7 @@ print("RESULT " + json.dumps({
     "plan": p.setup.describe() + repr([(b.max_seconds, b.batch_size) for b in p.buckets]),
     "modelling": sorted(m for m in sys.modules if m == "transformers.modeling_utils"
                         or m.startswith("transformers.models.wav2vec2.modeling")),
+    "heavy": sorted(m for m in ("scipy.optimize", "pandas") if m in sys.modules),
 }))
 """
 
@@ -75,6 +76,7 @@ def test_a_warm_plan_imports_no_modelling_code(tmp_path: Path) -> None:
     assert "transformers.models.wav2vec2.modeling_wav2vec2" in cold["modelling"]
     assert "transformers.modeling_utils" in cold["modelling"]
     assert warm["modelling"] == []  # nothing built: every fact came from the cache
+    assert warm["heavy"] == []  # NNLS and the manifest scan need neither (0.5-1 s of imports)
     assert warm["plan"] == cold["plan"]
 
 
@@ -116,3 +118,58 @@ def test_a_damaged_model_fact_is_recomputed(
     path.write_text("{not json")
     assert cache.cached_model_fact("encoder_layers", {"config": TINY}, lambda: 3) == 3
     assert json.loads(path.read_text())["value"] == 3
+
+
+RESOLVE = """
+import json, sys
+from asrfit.memory.report import resolve_adapter
+adapter, profile = resolve_adapter(sys.argv[1])
+print("RESULT " + json.dumps({
+    "name": adapter.name, "made": adapter.made, "profile": profile.to_dict(),
+    "transformers": "transformers" in sys.modules,
+}))
+"""
+
+
+def _resolve(name: str, cache_dir: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", RESOLVE, name],
+        env={**os.environ, "ASRFIT_CACHE_DIR": str(cache_dir), "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(next(x for x in out.splitlines() if x.startswith("RESULT"))[7:])
+
+
+def test_a_bundled_name_warm_imports_no_transformers(tmp_path: Path) -> None:
+    cold = _resolve("conformer-ctc-tiny", tmp_path)
+    warm = _resolve("conformer-ctc-tiny", tmp_path)
+    assert cold["transformers"]  # the first one loads the config to profile the model
+    assert not warm["transformers"]  # then config dict and profile are cached facts
+    assert warm["profile"] == cold["profile"]
+    assert warm["name"] == "conformer-ctc-tiny" and not warm["made"]
+    from asrfit.profiles.model import load_config
+
+    fresh = ModelProfile.from_spec(load_config("conformer-ctc-tiny")).to_dict()
+    assert warm["profile"] == fresh
+
+
+def test_deferred_adapter_traces_like_the_eager_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asrfit.memory.adapters import BatchShape, DeferredAdapter
+    from asrfit.memory.generic import speech_adapter
+    from asrfit.memory.simulate import simulate_step
+    from asrfit.profiles.model import load_config
+
+    monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path))
+    deferred, _ = resolve_adapter("conformer-ctc-tiny")
+    assert isinstance(deferred, DeferredAdapter) and not deferred.made
+    eager = speech_adapter(load_config("conformer-ctc-tiny"), name="conformer-ctc-tiny")
+    batch = BatchShape(2, 300, 20)
+    a, b = simulate_step(deferred, batch), simulate_step(eager, batch)
+    assert deferred.made
+    assert (a.peak_bytes, a.breakdown_bytes, a.flops) == (b.peak_bytes, b.breakdown_bytes, b.flops)
+    assert deferred.supports_checkpointing == eager.supports_checkpointing
+    assert deferred.config.to_dict() == eager.config.to_dict()

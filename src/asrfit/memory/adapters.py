@@ -77,6 +77,39 @@ class StepAdapter:
     config: Any = None
 
 
+_DEFERRED = frozenset(
+    ("build", "make_inputs", "loss", "supports_checkpointing", "output_frames", "config")
+)
+
+
+class DeferredAdapter(StepAdapter):
+    """A :class:`StepAdapter` made on first use of anything but its name.
+
+    A plan whose simulations are all cached reads only the name, so the model's config (and
+    transformers, 0.7 s to import) is never loaded; the first simulation makes the real
+    adapter with ``make`` and every later access reads it.
+    """
+
+    def __init__(self, name: str, make: Callable[[], StepAdapter]) -> None:  # noqa: D107
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_make", make)
+        object.__setattr__(self, "_real", None)
+
+    def __getattribute__(self, attr: str) -> Any:
+        if attr in _DEFERRED:
+            real = object.__getattribute__(self, "_real")
+            if real is None:
+                real = object.__getattribute__(self, "_make")()
+                object.__setattr__(self, "_real", real)
+            return getattr(real, attr)
+        return object.__getattribute__(self, attr)
+
+    @property
+    def made(self) -> bool:
+        """Whether the real adapter was made."""
+        return object.__getattribute__(self, "_real") is not None
+
+
 def _labels(
     tracker: StorageTracker, shape: BatchShape, vocab_size: int, low: int = 1
 ) -> torch.Tensor:

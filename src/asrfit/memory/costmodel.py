@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asrfit.utils.nnls import nnls
 from asrfit.utils.serialization import JsonDataclass
 
 Simulator = Callable[[int, int, int], int]
@@ -99,13 +100,11 @@ def fit_peak_model(
     x = _design((b, t, u) for b, t, u, _ in points)
     y = np.array([p for *_, p in points], dtype=float)
     # Relative error, columns scaled to unit size, non-negative coefficients (memory never
-    # shrinks as a batch grows): solved with scipy's NNLS.
+    # shrinks as a batch grows): Lawson-Hanson NNLS (asrfit.utils.nnls, no SciPy import).
     weighted = x / y[:, None]
     scale = np.abs(weighted).max(axis=0)
     scale[scale == 0] = 1.0
-    from scipy.optimize import nnls  # imported when first needed: 0.3 s
-
-    coef, _ = nnls(weighted / scale, np.ones_like(y))
+    coef = nnls(weighted / scale, np.ones_like(y))
     coef = coef / scale
     fitted = x @ coef
     if never_under:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asrfit.errors import UnsupportedModelError
-from asrfit.memory.adapters import SUPPORTED_FAMILIES, BatchShape, StepAdapter
+from asrfit.memory.adapters import SUPPORTED_FAMILIES, BatchShape, DeferredAdapter, StepAdapter
 from asrfit.memory.allocator import CudaPrediction, predict_cuda
 from asrfit.memory.generic import speech_adapter
 from asrfit.memory.runtime import seconds_by_kind, step_seconds
@@ -83,18 +83,47 @@ def resolve_adapter(model: Any, *, freeze_feature_encoder: bool = True) -> tuple
             f"{type(model).__name__}: pass a model name, Hub id, config or StepAdapter, not a built module "
             f"(the simulator builds the model itself on fake tensors). Supported families: {', '.join(SUPPORTED_FAMILIES)}."
         )
+    from asrfit.memory.cache import cached_model_fact
+    from asrfit.profiles.bundled import find_bundled
+    from asrfit.profiles.registry import config_to_dict
+
+    bundled = find_bundled(model) if isinstance(model, str) else None
+    if bundled is not None:
+        # A bundled name: its config dict, profile and every simulation are cached facts of
+        # the bundled JSON, so a warm plan loads no config (and imports no transformers);
+        # the adapter is made at the first simulation.
+        spec = model
+
+        def config_dict() -> dict[str, Any]:
+            return config_to_dict(load_config(spec))
+
+        config_data = cached_model_fact("config", {"bundled": bundled.config_dict()}, config_dict)
+
+        def measure() -> dict[str, Any]:  # builds the model on the meta device
+            built = ModelProfile.from_spec(
+                load_config(spec), freeze_feature_encoder=freeze_feature_encoder
+            )
+            return built.to_dict()
+
+        inputs = {"config": config_data, "freeze_feature_encoder": freeze_feature_encoder}
+        profile = ModelProfile.from_dict(cached_model_fact("profile", inputs, measure))
+        adapter = DeferredAdapter(
+            spec,
+            lambda: speech_adapter(
+                load_config(spec), freeze_feature_encoder=freeze_feature_encoder, name=spec
+            ),
+        )
+        return adapter, profile
     config = (
         model if hasattr(model, "to_dict") and hasattr(model, "model_type") else load_config(model)
     )
-    from asrfit.memory.cache import cached_model_fact
-    from asrfit.profiles.registry import config_to_dict
 
-    def measure() -> dict[str, Any]:  # builds the model on the meta device
+    def measure_config() -> dict[str, Any]:  # builds the model on the meta device
         built = ModelProfile.from_spec(config, freeze_feature_encoder=freeze_feature_encoder)
         return built.to_dict()
 
     inputs = {"config": config_to_dict(config), "freeze_feature_encoder": freeze_feature_encoder}
-    profile = ModelProfile.from_dict(cached_model_fact("profile", inputs, measure))
+    profile = ModelProfile.from_dict(cached_model_fact("profile", inputs, measure_config))
     name = model if isinstance(model, str) else profile.name
     return speech_adapter(config, freeze_feature_encoder=freeze_feature_encoder, name=name), profile
 

@@ -25,6 +25,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from asrfit.errors import ManifestError
+from asrfit.profiles.arrow_columns import float64_values, utf8_lengths
 from asrfit.utils.io import Pathlike
 
 logger = logging.getLogger(__name__)
@@ -343,7 +344,6 @@ def _scan_pyarrow(p: Path, sample_size: int, seed: int) -> ManifestScan | None:
     """Fast path. Returns None whenever the slow path must decide (and name the error)."""
     try:
         import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.json as pj
     except ImportError:
         return None
@@ -364,11 +364,10 @@ def _scan_pyarrow(p: Path, sample_size: int, seed: int) -> ManifestScan | None:
             audio_col, text_col, dur_col = (batch.column(i) for i in range(3))
             if audio_col.null_count or text_col.null_count:
                 return None
-            if pc.any(pc.equal(pc.utf8_length(audio_col), 0)).as_py():
+            if not utf8_lengths(audio_col).all():
                 return None
-            chars = pc.utf8_length(text_col).to_numpy().astype(np.int64)
-            durations = dur_col.to_numpy(zero_copy_only=False).astype(np.float64)
-            is_null = dur_col.is_null().to_numpy(zero_copy_only=False)
+            chars = utf8_lengths(text_col)
+            durations, is_null = float64_values(dur_col)
             present = durations[~is_null]
             if not (np.isfinite(present).all() and (present > 0).all()):
                 return None

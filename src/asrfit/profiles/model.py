@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
+
+if TYPE_CHECKING:  # transformers is imported where needed (0.7 s; a warm plan needs none)
+    from transformers import PretrainedConfig
 
 from asrfit.errors import ConfigError, UnsupportedModelError
 from asrfit.profiles import registry
@@ -50,6 +52,14 @@ from asrfit.profiles.registry import (
 from asrfit.utils.serialization import JsonDataclass
 
 
+def _is_config(value: Any) -> bool:
+    """Whether ``value`` is a transformers ``PretrainedConfig`` (without importing transformers)."""
+    import sys
+
+    module = sys.modules.get("transformers")
+    return module is not None and isinstance(value, module.PretrainedConfig)
+
+
 def family_of(model_or_config: Any) -> str:
     """Return the asrfit family of a model, config, config dict or profile.
 
@@ -64,8 +74,8 @@ def family_of(model_or_config: Any) -> str:
         return model_or_config.family
     if isinstance(model_or_config, nn.Module):
         config = getattr(model_or_config, "config", None)
-        return family_of_config(config) if isinstance(config, PretrainedConfig) else "custom"
-    if isinstance(model_or_config, (PretrainedConfig, dict)):
+        return family_of_config(config) if _is_config(config) else "custom"
+    if _is_config(model_or_config) or isinstance(model_or_config, dict):
         return family_of_config(model_or_config)
     return "custom"
 
@@ -208,7 +218,7 @@ class ModelProfile(JsonDataclass):
             The profile; ``family`` is ``"custom"`` for modules asrfit does not know.
         """
         config = getattr(module, "config", None)
-        config = config if isinstance(config, PretrainedConfig) else None
+        config = config if _is_config(config) else None
         name = name or getattr(config, "_name_or_path", "") or type(module).__name__
         return cls._measure(module, config, name, family_of(module), None, "module")
 
@@ -238,7 +248,7 @@ class ModelProfile(JsonDataclass):
             return cls.from_pretrained(spec, freeze_feature_encoder)
         if isinstance(spec, nn.Module):
             return cls.from_module(spec)
-        if isinstance(spec, (PretrainedConfig, dict)):
+        if _is_config(spec) or isinstance(spec, dict):
             return cls.from_config(spec, freeze_feature_encoder=freeze_feature_encoder)
         raise UnsupportedModelError(
             f"cannot profile a {type(spec).__name__}; pass a model name or path, an nn.Module, "

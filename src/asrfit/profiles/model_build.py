@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
+
+# transformers is imported where a model is built (0.7 s; a warm plan builds none)
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 from asrfit.profiles.registry import (
     family_of_config,
