@@ -2,8 +2,10 @@
 voices and sentences (test) and on a whole held-out voice family; writes a section of
 docs/benchmarks.md and ``decoding.json`` in the run folder.
 
-The n-gram is built from the training transcripts only; its weight (alpha) and word bonus
-(beta) are chosen on dev, then applied once to test and to the held-out family.
+Two n-grams, each scored apart: one of the training transcripts only, and (where the corpus
+has ``lm_text.txt``) one of the transcripts plus text-only grammar sentences that are in no
+dev, test or family utterance. Each one's weight (alpha) and word bonus (beta) are chosen on
+dev, then applied once to test and to the held-out family.
 
 Usage: python bench/speech_demo.py --run runs/demo-speech --data demo-speech --out docs/benchmarks.md
 """
@@ -30,6 +32,7 @@ from asrfit.data.text import CharVocabulary  # noqa: E402
 from asrfit.recipes.asr_model import build_asr_model  # noqa: E402
 from asrfit.recipes.evaluate import error_rates  # noqa: E402
 from asrfit.recipes.speech.beam import BeamDecoder, ctc_log_probs, greedy_texts  # noqa: E402
+from asrfit.recipes.speech.corpus import LM_TEXT  # noqa: E402
 from asrfit.recipes.speech.ngram import NgramModel  # noqa: E402
 
 # The grid the n-gram weight and word bonus are chosen from on dev. It was (0.5, 1.0) x (1.0, 3.0)
@@ -61,9 +64,9 @@ def main() -> None:
     vocab = CharVocabulary.load(run / "best")
     asr = build_asr_model(str(run / "best"), vocab, pretrained=True)
     train_texts = [u.text for u in utterances_from(str(data / "train.jsonl"))]
-    lm = NgramModel(train_texts, order=args.order)
-    arpa = lm.save_arpa(run / "lm.arpa")
-    lexicon = set(lm.words)
+    lm_sources = {"transcripts": train_texts}
+    if (data / LM_TEXT).is_file():  # written by `asrfit demo-data --speech` (write_lm_text)
+        lm_sources["text"] = (data / LM_TEXT).read_text(encoding="utf-8").splitlines()
 
     def log_probs(split: str) -> tuple[list[str], list]:
         ds = SpeechDataset(
@@ -78,10 +81,78 @@ def main() -> None:
         return ds.texts, ctc_log_probs(asr.model, ds, asr.output_frames)
 
     started = time.perf_counter()
-    results: dict[str, dict] = {}
     dev_refs, dev_lp = log_probs("dev")
-    tuning = {}
     has_kenlm = importlib.util.find_spec("kenlm") is not None
+    lms = {
+        name: _tuned_lm(name, texts, vocab, run, args, dev_refs, dev_lp, has_kenlm)
+        for name, texts in lm_sources.items()
+    }
+    no_lm = BeamDecoder(vocab, beam_width=args.beam_width)
+    results: dict[str, dict] = {}
+    for split in ("dev", "test", "family"):
+        refs, lp = (dev_refs, dev_lp) if split == "dev" else log_probs(split)
+        words = [w for r in refs for w in r.split()]
+        t0 = time.perf_counter()
+        greedy = greedy_texts(lp, vocab)
+        t1 = time.perf_counter()
+        beams = {name: lm["decoder"].decode(lp) for name, lm in lms.items()}
+        t2 = time.perf_counter()
+        results[split] = {
+            "utterances": len(refs),
+            "oov_rate": {
+                name: sum(w not in lm["lexicon"] for w in words) / len(words)
+                for name, lm in lms.items()
+            },
+            "greedy": _score(refs, greedy),
+            "beam_no_lm": _score(refs, no_lm.decode(lp)),
+            **{f"beam_lm_{name}": _score(refs, beam) for name, beam in beams.items()},
+            "greedy_seconds": t1 - t0,
+            "beam_lm_seconds": (t2 - t1) / len(beams),
+            "examples": [
+                [r, g, b]
+                for r, g, b in list(zip(refs, greedy, beams["transcripts"], strict=True))[:3]
+            ],
+        }
+    out = {
+        "kenlm": has_kenlm,
+        "beam_width": args.beam_width,
+        "order": args.order,
+        "lms": {
+            name: {k: v for k, v in lm.items() if k not in ("decoder", "lexicon")}
+            for name, lm in lms.items()
+        },
+        "splits": results,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    (run / "decoding.json").write_text(json.dumps(out, indent=2), encoding="utf-8")
+    (run / "dev_cer.svg").write_text(dev_cer_svg(report), encoding="utf-8")
+    print(
+        json.dumps(
+            {
+                k: {m: v for m, v in results[k].items() if m.startswith(("greedy", "beam"))}
+                for k in results
+            },
+            indent=1,
+        )
+    )
+    if args.out:
+        write_section(Path(args.out), "speech-demo", _markdown(report, out, args.command))
+
+
+def _tuned_lm(
+    name: str,
+    texts: list[str],
+    vocab: CharVocabulary,
+    run: Path,
+    args: argparse.Namespace,
+    dev_refs: list[str],
+    dev_lp: list,
+    has_kenlm: bool,
+) -> dict:
+    """An n-gram of ``texts``, its weight and word bonus chosen on dev, and its decoder."""
+    lm = NgramModel(texts, order=args.order)
+    arpa = lm.save_arpa(run / f"lm_{name}.arpa")
+    tuning = {}
     for alpha, beta in itertools.product(ALPHAS, BETAS) if has_kenlm else [(0.0, 0.0)]:
         if not has_kenlm:  # beam search without a language model: the figures say so
             tuning[(alpha, beta)] = {"cer": 0.0}
@@ -99,47 +170,16 @@ def main() -> None:
         beta=beta,
         beam_width=args.beam_width,
     )
-    no_lm = BeamDecoder(vocab, beam_width=args.beam_width)
-    for split in ("dev", "test", "family"):
-        refs, lp = (dev_refs, dev_lp) if split == "dev" else log_probs(split)
-        words = [w for r in refs for w in r.split()]
-        t0 = time.perf_counter()
-        greedy = greedy_texts(lp, vocab)
-        t1 = time.perf_counter()
-        beam = decoder.decode(lp)
-        t2 = time.perf_counter()
-        results[split] = {
-            "utterances": len(refs),
-            "oov_rate": sum(w not in lexicon for w in words) / len(words),
-            "greedy": _score(refs, greedy),
-            "beam_no_lm": _score(refs, no_lm.decode(lp)),
-            "beam_lm": _score(refs, beam),
-            "greedy_seconds": t1 - t0,
-            "beam_lm_seconds": t2 - t1,
-            "examples": [[r, g, b] for r, g, b in list(zip(refs, greedy, beam, strict=True))[:3]],
-        }
-    out = {
-        "kenlm": has_kenlm,
+    return {
+        "decoder": decoder,
+        "lexicon": set(lm.words),
+        "sentences": len(texts),
         "alpha": alpha,
         "beta": beta,
         "dev_cer_by_alpha_beta": {f"{a},{b}": r["cer"] for (a, b), r in tuning.items()},
-        "beam_width": args.beam_width,
-        "order": args.order,
-        "lm_words": len(lexicon),
+        "lm_words": len(lm.words),
         "lm_ngrams": len(lm.prob),
-        "splits": results,
-        "wall_seconds": time.perf_counter() - started,
     }
-    (run / "decoding.json").write_text(json.dumps(out, indent=2), encoding="utf-8")
-    (run / "dev_cer.svg").write_text(dev_cer_svg(report), encoding="utf-8")
-    print(
-        json.dumps(
-            {k: {m: results[k][m] for m in ("greedy", "beam_no_lm", "beam_lm")} for k in results},
-            indent=1,
-        )
-    )
-    if args.out:
-        write_section(Path(args.out), "speech-demo", _markdown(report, out, args.command))
 
 
 def dev_cer_svg(report: dict, width: int = 360, height: int = 200) -> str:
@@ -205,30 +245,41 @@ def _markdown(report: dict, dec: dict, command: str) -> str:
             "",
             "kenlm is not installed: the 'beam + n-gram' columns ran WITHOUT the language model.",
         ]
-    lines += [
-        "",
-        f"Decoding the best-dev model (beam width {dec['beam_width']}; {n}-gram of the training "
-        f"transcripts, {dec['lm_words']} words, alpha {dec['alpha']} and beta {dec['beta']} chosen on dev):",
-        "",
-        "Dev CER by (alpha, beta): "
-        + ", ".join(f"({k}) {_pct(v)}" for k, v in dec.get("dev_cer_by_alpha_beta", {}).items())
-        + ".",
-        "",
-        "| split | utterances | test words outside the LM | greedy WER | greedy CER | beam, no LM CER | "
-        f"beam + {n}-gram WER | beam + {n}-gram CER |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lms = dec["lms"]
+    about = {
+        "transcripts": "the training transcripts",
+        "text": "the training transcripts and text-only sentences of the grammar, none of them "
+        "a dev, test or family sentence (`lm_text.txt`, as a LibriSpeech LM's book text beside its audio)",
+    }
+    lines += ["", f"Decoding the best-dev model (beam width {dec['beam_width']}):", ""]
+    for name, lm in lms.items():
+        lines.append(
+            f"- {n}-gram **{name}**: {about[name]}; {lm['sentences']:,} sentences, "
+            f"{lm['lm_words']:,} words, alpha {lm['alpha']} and beta {lm['beta']} chosen on dev; "
+            "dev CER by (alpha, beta): "
+            + ", ".join(f"({k}) {_pct(v)}" for k, v in lm["dev_cer_by_alpha_beta"].items())
+            + "."
+        )
+    head = "| split | utterances | greedy WER | greedy CER | beam, no LM CER |"
+    rule = "|---|---|---|---|---|"
+    for name in lms:
+        head += f" words outside {name} LM | + {n}-gram {name} WER | + {n}-gram {name} CER |"
+        rule += "---|---|---|"
+    lines += ["", head, rule]
     names = {
         "dev": "dev (unseen voices+sentences, tuned on)",
         "test": "**test** (unseen voices and sentences)",
         "family": "held-out voice family (klatt)",
     }
     for split, r in dec["splits"].items():
-        lines.append(
-            f"| {names[split]} | {r['utterances']} | {_pct(r['oov_rate'])} | {_pct(r['greedy']['wer'])} | "
-            f"{_pct(r['greedy']['cer'])} | {_pct(r['beam_no_lm']['cer'])} | {_pct(r['beam_lm']['wer'])} | "
-            f"{_pct(r['beam_lm']['cer'])} |"
+        row = (
+            f"| {names[split]} | {r['utterances']} | {_pct(r['greedy']['wer'])} | "
+            f"{_pct(r['greedy']['cer'])} | {_pct(r['beam_no_lm']['cer'])} |"
         )
+        for name in lms:
+            beam = r[f"beam_lm_{name}"]
+            row += f" {_pct(r['oov_rate'][name])} | {_pct(beam['wer'])} | {_pct(beam['cer'])} |"
+        lines.append(row)
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,7 @@ import soundfile as sf
 
 from asrfit.errors import AsrfitError, ConfigError
 from asrfit.recipes.speech import espeak as espeak_module
-from asrfit.recipes.speech.corpus import SPEECH_SPLITS, write_speech_corpus
+from asrfit.recipes.speech.corpus import LM_TEXT, SPEECH_SPLITS, write_lm_text, write_speech_corpus
 from asrfit.recipes.speech.espeak import Espeak
 from asrfit.recipes.speech.grammar import Grammar, adverb, gerund, past, plural, spell_number
 from asrfit.recipes.speech.voices import HELD_OUT_FAMILY, family_of, split_voices
@@ -120,7 +120,7 @@ def test_voice_split_holds_out_variants_and_a_family() -> None:
 
 
 # --- the corpus -----------------------------------------------------------------------------
-COUNTS = {"num_train": 24, "num_dev": 6, "num_test": 6, "num_family": 6}
+COUNTS = {"num_train": 24, "num_dev": 6, "num_test": 6, "num_family": 6, "lm_sentences": 300}
 
 
 def _read(path: Path) -> list[dict]:
@@ -161,6 +161,24 @@ def test_splits_share_no_speaker_no_variant_and_no_sentence(corpus_dir: Path) ->
             variants_a = {r["speaker"].split("+")[1] for r in rows[a]}
             assert not variants_a & {r["speaker"].split("+")[1] for r in rows[b]}
     assert {r["voice_family"] for r in rows["family"]} == {HELD_OUT_FAMILY}
+
+
+def test_lm_text_is_train_transcripts_plus_unseen_sentences(corpus_dir: Path) -> None:
+    rows = {s: _read(corpus_dir / f"{s}.jsonl") for s in SPEECH_SPLITS}
+    lines = (corpus_dir / LM_TEXT).read_text(encoding="utf-8").splitlines()
+    train = [r["text"] for r in rows["train"]]
+    assert lines[: len(train)] == train and len(lines) == len(train) + 300
+    assert len(set(lines)) == len(lines)
+    held_out = {r["text"] for s in SPEECH_SPLITS[1:] for r in rows[s]}
+    assert not held_out & set(lines)
+    # the grammar's sentences, drawn after the corpus's own (not a filter over them)
+    drawn = Grammar().sentences(42 + 300, 3)
+    assert lines[len(train) :] == drawn[42:]
+
+
+def test_lm_text_refuses_a_corpus_of_another_seed(corpus_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="seed 4"):
+        write_lm_text(corpus_dir, seed=4, extra=10)
 
 
 def test_manifest_durations_match_the_audio(corpus_dir: Path) -> None:

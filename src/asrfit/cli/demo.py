@@ -22,6 +22,9 @@ from asrfit.cli.render import console, print_json, rows_table
                    "and noise; dev/test use unseen voices and sentences, 'family' a held-out voice family.")
 @click.option("--workers", type=POSITIVE_INT, default=1, show_default=True,
               help="With --speech: rendering processes.")
+@click.option("--lm-sentences", type=click.IntRange(min=0), default=50_000, show_default=True,
+              help="With --speech: text-only sentences (none in dev/test) written with the training "
+                   "transcripts to lm_text.txt, for an n-gram language model.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing corpus in OUT_DIR.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(
@@ -34,6 +37,7 @@ def command(
     espeak: bool,
     speech: bool,
     workers: int,
+    lm_sentences: int,
     overwrite: bool,
     as_json: bool,
 ) -> None:
@@ -43,7 +47,8 @@ def command(
 
         corpus = write_speech_corpus(out_dir, num_train=num_train or 3000, num_dev=num_dev or 200,
                                      num_test=num_test or 200, num_family=num_family, seed=seed,
-                                     workers=workers, overwrite=overwrite)
+                                     workers=workers, overwrite=overwrite,
+                                     lm_sentences=lm_sentences)
     else:
         from asrfit.recipes.demo import write_demo_corpus
 

@@ -48,6 +48,9 @@ from asrfit.utils.io import Pathlike, atomic_write_text
 logger = logging.getLogger(__name__)
 
 SPEECH_SPLITS = ("train", "dev", "test", "family")
+LM_TEXT = "lm_text.txt"
+#: Text-only sentences :func:`write_lm_text` adds to the training transcripts by default.
+LM_SENTENCES = 50_000
 _SPLIT_IDS = {name: i for i, name in enumerate(SPEECH_SPLITS)}
 SHARD_SIZE = 64
 
@@ -126,6 +129,7 @@ def write_speech_corpus(
     held_out_family: str = HELD_OUT_FAMILY,
     workers: int = 1,
     overwrite: bool = False,
+    lm_sentences: int = LM_SENTENCES,
 ) -> DemoCorpus:
     """Render a seeded espeak-ng corpus: ``{train,dev,test,family}.jsonl`` and WAVs under ``audio/``.
 
@@ -142,6 +146,8 @@ def write_speech_corpus(
         held_out_family: The voice family kept for the ``family`` split. (Default: ``klatt``)
         workers: Processes rendering in parallel; the output does not depend on it.
         overwrite: Replace an earlier corpus in ``out_dir``.
+        lm_sentences: Text-only sentences written with the training transcripts to
+            ``lm_text.txt`` for a language model (:func:`write_lm_text`; 0: no file).
 
     Returns:
         A :class:`~asrfit.recipes.demo.DemoCorpus` (its ``splits`` include ``family``).
@@ -195,6 +201,8 @@ def write_speech_corpus(
         splits[split] = DemoSplit(
             split, str(path), len(mine), sum(seconds), min(seconds), max(seconds)
         )
+    if lm_sentences:
+        write_lm_text(out, seed=seed, extra=lm_sentences)
     characters = "".join(sorted(set("".join(sentences)) | {" "}))
     corpus = DemoCorpus(str(out), "espeak-ng", seed, sample_rate, characters, splits)
     logger.info(
@@ -207,3 +215,39 @@ def write_speech_corpus(
         ),
     )
     return corpus
+
+
+def write_lm_text(corpus_dir: Pathlike, *, seed: int = 0, extra: int = LM_SENTENCES) -> Path:
+    """Write ``lm_text.txt``: the training transcripts and ``extra`` text-only sentences.
+
+    The text a language model may learn from, as a speech engineer's in-domain text corpus
+    (LibriSpeech's LM text beside its audio): the grammar's next ``extra`` distinct sentences
+    after the corpus's own, so no dev, test or family sentence is among them. One sentence per
+    line. Works on a corpus written before this file existed.
+
+    Raises:
+        ConfigError: When ``extra`` is negative, a manifest is missing, or the manifests'
+            sentences are not the grammar's for ``seed`` (another seed or grammar).
+    """
+    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+        raise ConfigError(f"extra={extra!r}: give a whole number of sentences, 0 or more.")
+    out = Path(corpus_dir)
+    texts: dict[str, list[str]] = {}
+    for split in SPEECH_SPLITS:
+        path = out / f"{split}.jsonl"
+        if not path.is_file():
+            raise ConfigError(
+                f"{path}: missing; write the corpus with `asrfit demo-data --speech`."
+            )
+        with path.open(encoding="utf-8") as f:
+            texts[split] = [json.loads(line)["text"] for line in f if line.strip()]
+    ordered = [t for split in SPEECH_SPLITS for t in texts[split]]
+    drawn = Grammar().sentences(len(ordered) + extra, seed) if ordered or extra else []
+    if drawn[: len(ordered)] != ordered:
+        raise ConfigError(
+            f"{out}: its transcripts are not the grammar's sentences for seed {seed}; pass the "
+            "seed the corpus was written with."
+        )
+    held_out = {t for split in SPEECH_SPLITS[1:] for t in texts[split]}
+    lines = texts["train"] + [t for t in drawn[len(ordered) :] if t not in held_out]
+    return atomic_write_text(out / LM_TEXT, "".join(t + "\n" for t in lines))
