@@ -89,43 +89,41 @@ def resolve_adapter(model: Any, *, freeze_feature_encoder: bool = True) -> tuple
 
     bundled = find_bundled(model) if isinstance(model, str) else None
     if bundled is not None:
-        # A bundled name: its config dict, profile and every simulation are cached facts of
-        # the bundled JSON, so a warm plan loads no config (and imports no transformers);
-        # the adapter is made at the first simulation.
+        # A bundled name: its config dict is a cached fact of the bundled JSON, like the
+        # profile and the simulations, so a warm plan loads no config (and imports no
+        # transformers); the adapter is made at the first simulation.
         spec = model
 
-        def config_dict() -> dict[str, Any]:
-            return config_to_dict(load_config(spec))
+        def config() -> Any:
+            return load_config(spec)
 
-        config_data = cached_model_fact("config", {"bundled": bundled.config_dict()}, config_dict)
-
-        def measure() -> dict[str, Any]:  # builds the model on the meta device
-            built = ModelProfile.from_spec(
-                load_config(spec), freeze_feature_encoder=freeze_feature_encoder
-            )
-            return built.to_dict()
-
-        inputs = {"config": config_data, "freeze_feature_encoder": freeze_feature_encoder}
-        profile = ModelProfile.from_dict(cached_model_fact("profile", inputs, measure))
-        adapter = DeferredAdapter(
-            spec,
-            lambda: speech_adapter(
-                load_config(spec), freeze_feature_encoder=freeze_feature_encoder, name=spec
-            ),
+        config_data = cached_model_fact(
+            "config", {"bundled": bundled.config_dict()}, lambda: config_to_dict(config())
         )
-        return adapter, profile
-    config = (
-        model if hasattr(model, "to_dict") and hasattr(model, "model_type") else load_config(model)
-    )
+    else:
+        loaded = (
+            model
+            if hasattr(model, "to_dict") and hasattr(model, "model_type")
+            else load_config(model)
+        )
 
-    def measure_config() -> dict[str, Any]:  # builds the model on the meta device
-        built = ModelProfile.from_spec(config, freeze_feature_encoder=freeze_feature_encoder)
+        def config() -> Any:
+            return loaded
+
+        config_data = config_to_dict(loaded)
+
+    def measure() -> dict[str, Any]:  # builds the model on the meta device
+        built = ModelProfile.from_spec(config(), freeze_feature_encoder=freeze_feature_encoder)
         return built.to_dict()
 
-    inputs = {"config": config_to_dict(config), "freeze_feature_encoder": freeze_feature_encoder}
-    profile = ModelProfile.from_dict(cached_model_fact("profile", inputs, measure_config))
+    inputs = {"config": config_data, "freeze_feature_encoder": freeze_feature_encoder}
+    profile = ModelProfile.from_dict(cached_model_fact("profile", inputs, measure))
     name = model if isinstance(model, str) else profile.name
-    return speech_adapter(config, freeze_feature_encoder=freeze_feature_encoder, name=name), profile
+
+    def make() -> StepAdapter:
+        return speech_adapter(config(), freeze_feature_encoder=freeze_feature_encoder, name=name)
+
+    return (DeferredAdapter(name, make) if bundled is not None else make()), profile
 
 
 def batch_for_seconds(
