@@ -54,15 +54,20 @@ TINY = {
 }
 
 
-def _plan(manifest: Path, cache_dir: Path) -> dict:
+def _run(code: str, args: list[str], cache_dir: Path) -> dict:
+    """Run ``code`` in a fresh process with its own cache folder; its RESULT line."""
     out = subprocess.run(
-        [sys.executable, "-c", PLAN, str(manifest), json.dumps(TINY)],
+        [sys.executable, "-c", code, *args],
         env={**os.environ, "ASRFIT_CACHE_DIR": str(cache_dir), "PYTHONWARNINGS": "ignore"},
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     return json.loads(next(x for x in out.splitlines() if x.startswith("RESULT"))[7:])
+
+
+def _plan(manifest: Path, cache_dir: Path) -> dict:
+    return _run(PLAN, [str(manifest), json.dumps(TINY)], cache_dir)
 
 
 def test_a_warm_plan_imports_no_modelling_code(tmp_path: Path) -> None:
@@ -132,14 +137,7 @@ print("RESULT " + json.dumps({
 
 
 def _resolve(name: str, cache_dir: Path) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", RESOLVE, name],
-        env={**os.environ, "ASRFIT_CACHE_DIR": str(cache_dir), "PYTHONWARNINGS": "ignore"},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(next(x for x in out.splitlines() if x.startswith("RESULT"))[7:])
+    return _run(RESOLVE, [name], cache_dir)
 
 
 def test_a_bundled_name_warm_imports_no_transformers(tmp_path: Path) -> None:
