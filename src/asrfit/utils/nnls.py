@@ -60,10 +60,12 @@ def nnls(a: np.ndarray, b: np.ndarray, *, max_iter: int | None = None) -> np.nda
         for _ in range(n + 1):  # each step drops at least one variable
             if not passive.any() or float(s[passive].min()) > 0:
                 break
-            blocking = passive & (s <= 0)
-            alpha = float(np.min(x[blocking] / (x[blocking] - s[blocking])))
+            blocking = np.flatnonzero(passive & (s <= 0))
+            ratios = x[blocking] / (x[blocking] - s[blocking])
+            alpha = float(ratios.min())
             x = x + alpha * (s - x)
-            passive &= x > tol
+            x[blocking[int(np.argmin(ratios))]] = 0.0  # the variable that hit its bound
+            passive &= x > 10 * np.finfo(np.float64).eps * max(1.0, float(np.abs(x).max()))
             x[~passive] = 0.0
             s = solve(passive)
         now = float(np.linalg.norm(a @ s - b))
