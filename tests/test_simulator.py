@@ -70,6 +70,23 @@ def test_first_step_lacks_optimizer_state() -> None:
     assert second - first == state  # the state made in step 1 is live through step 2
 
 
+def test_without_the_optimizer_step_forward_and_backward_are_unchanged() -> None:
+    """The planner's activation traces read forward and backward only; skipping the
+    optimizer step leaves those phases, the FLOPs and their kernel rows as they were, and
+    the step ends with the model alone live (parameters, no gradients)."""
+    big = BatchShape(batch_size=64, input_length=D, label_length=1)
+    setup = Setup(optimizer="sgd")
+    full = simulate_step(_mlp_adapter(), big, setup, target="cpu", steps=1)
+    short = simulate_step(_mlp_adapter(), big, setup, target="cpu", steps=1, optimizer_step=False)
+    for phase in ("forward", "backward"):
+        assert short.phase_peaks_bytes[phase] == full.phase_peaks_bytes[phase]
+        assert short.cost.select((phase,)).rows == full.cost.select((phase,)).rows
+    assert "optimizer" not in short.phase_peaks_bytes
+    assert short.flops == full.flops == 64 * (4 * D * H + 6 * H * OUT)
+    assert short.optimizer_state_bytes == 0
+    assert short.cost.select(("optimizer",)).rows == []
+
+
 def test_adamw_step_scalars_count_on_a_cpu_and_not_on_a_gpu() -> None:
     # PyTorch keeps AdamW's `step` on the host for CUDA parameters: not GPU memory; on a
     # CPU target the host is the device. 2 parameters: 2 x 4 bytes, in the raw peak.

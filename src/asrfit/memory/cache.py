@@ -88,7 +88,14 @@ def _versions() -> list[str]:
     return [__version__, torch.__version__, _transformers_version()]
 
 
-def cache_key(model_key: str, batch: BatchShape, setup: Setup, target: str, steps: int) -> str:
+def cache_key(
+    model_key: str,
+    batch: BatchShape,
+    setup: Setup,
+    target: str,
+    steps: int,
+    optimizer_step: bool = True,
+) -> str:
     """A stable hash of a simulation's inputs and the library versions."""
     import torch
 
@@ -102,6 +109,8 @@ def cache_key(model_key: str, batch: BatchShape, setup: Setup, target: str, step
         "versions": _versions(),
         "source": source_fingerprint(),
     }
+    if not optimizer_step:  # simulate_step(..., optimizer_step=False)
+        inputs["optimizer_step"] = False
     if target == "cpu":
         inputs["cpu_scratch"] = CPU_SCRATCH_RULES_VERSION  # CPU traces add kernel scratch
         # measured on this CPU (asrfit.memory.cpu_kernels), with this many threads

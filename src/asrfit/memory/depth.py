@@ -168,6 +168,7 @@ def scaled_step(
     tolerance: float = TOLERANCE,
     min_saving: int = 2,
     worth: float = 0.0,
+    optimizer_step: bool = True,
 ) -> StepMemory:
     """:func:`asrfit.memory.simulate.simulate_step` from traces at reduced depths.
 
@@ -197,13 +198,17 @@ def scaled_step(
     fixed = {k: c for k, c in counts.items() if k not in keys}
     total = sum(sum(d) for d in design)
     if not n or sum(real) - traced < min_saving or sum(real) < worth * total:
-        step = simulate_step(adapter, batch, setup, target=target, steps=steps)
+        step = simulate_step(
+            adapter, batch, setup, target=target, steps=steps, optimizer_step=optimizer_step
+        )
         step.assumptions.append("depth: full trace (no repeated layers to scale)")
         return step
     memo = (id(adapter), repr(setup))
     if memo in _WHOLE_CHEAPER:
         reduced, whole = _WHOLE_CHEAPER[memo][1:]
-        step = simulate_step(adapter, batch, setup, target=target, steps=steps)
+        step = simulate_step(
+            adapter, batch, setup, target=target, steps=steps, optimizer_step=optimizer_step
+        )
         step.assumptions.append(
             f"depth: full trace (the reduced traces made {reduced:,} kernel calls, the full "
             f"model {whole:,})"
@@ -215,7 +220,14 @@ def scaled_step(
         with config_values([(*fields[k], v) for k, v in depths.items()]):
             prune = _pruner(counts, full, depths)
             return simulate_step(
-                adapter, batch, setup, target=target, steps=steps, prune=prune, detail=detail
+                adapter,
+                batch,
+                setup,
+                target=target,
+                steps=steps,
+                prune=prune,
+                detail=detail,
+                optimizer_step=optimizer_step,
             )
 
     runs, details = [], []
@@ -234,15 +246,17 @@ def scaled_step(
     try:
         step = _extrapolate(runs, details, design, real, keys, tolerance)
     except Nonlinear as e:
-        step = simulate_step(adapter, batch, setup, target=target, steps=steps)
+        step = simulate_step(
+            adapter, batch, setup, target=target, steps=steps, optimizer_step=optimizer_step
+        )
         step.assumptions.append(f"depth: full trace ({e} is not linear in the layer count)")
         step.trace_seconds += sum(r.trace_seconds for r in runs)
         return step
     step.assumptions.append(f"depth: reduced traces built {built}")
-    # A trace costs about its kernel calls, which are linear in the layer counts too: where
-    # everything outside the stacks outweighs them (a transducer loss's loop over the
-    # lattice's diagonals), one full trace is cheaper than the reduced ones, from then on.
-    calls = [sum(row[6] for row in r.cost.rows) for r in runs]
+    # A trace costs about its traced kernel calls, which are linear in the layer counts too:
+    # where everything outside the stacks outweighs them, one full trace is cheaper than the
+    # reduced ones, from then on.
+    calls = [r.traced_calls or sum(row[6] for row in r.cost.rows) for r in runs]
     whole = round(_lin(calls, design, real)[0])
     if sum(calls) > whole:
         _WHOLE_CHEAPER[memo] = (adapter, sum(calls), whole)

@@ -204,6 +204,10 @@ class OpCounter(TorchDispatchMode):
         self.default_phase = phase
         self.counts: dict[int, Counter] = {}
         self._module_hook: Any = None
+        # calls each kernel stands for (asrfit.memory.lattice: one traced diagonal of a
+        # transducer loss's loop counts for its group); None: 1
+        self.weight: Any = None
+        self.traced: Counter = Counter()  # step -> kernel calls of STEP_PHASES seen, once each
 
     def __enter__(self) -> OpCounter:
         # every nn.Module call (the Python a model runs around its kernels; checkpointing's
@@ -228,11 +232,12 @@ class OpCounter(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        weight = 1 if self.weight is None else self.weight()  # before the op allocates
         out = func(*args, **kwargs)
-        self._record(func, args, kwargs, out)
+        self._record(func, args, kwargs, out, weight)
         return out
 
-    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, weight: int = 1) -> None:
         if not runs_kernel(func):
             return
         name = func._overloadpacket.__name__
@@ -260,7 +265,8 @@ class OpCounter(TorchDispatchMode):
             first = args[0] if args and isinstance(args[0], (list, tuple)) else inputs
             tensors = max(1, len(first))
         key = (phase, kind, dtype, flops, nbytes, tensors)
-        self.counts.setdefault(step, Counter())[key] += 1
+        self.counts.setdefault(step, Counter())[key] += weight
+        self.traced[step] += phase in STEP_PHASES
 
     def cost(self, step: int | None = None, phases: tuple[str, ...] = STEP_PHASES) -> StepCost:
         """The step's kernels (Default: the last step), rows sorted for a stable cache."""

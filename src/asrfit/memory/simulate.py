@@ -28,6 +28,7 @@ from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.allocator import segment_bytes
 from asrfit.memory.engine import plain_accumulation, plain_composites
 from asrfit.memory.kernels import device_kernels
+from asrfit.memory.lattice import sample_transducer_loop
 from asrfit.memory.optimizers import make_optimizer
 from asrfit.memory.runtime import OpCounter, StepCost
 from asrfit.memory.scratch import scratch_rules
@@ -74,6 +75,8 @@ class StepMemory(JsonDataclass):
         trace_seconds: Wall time of the simulation.
         cost: FLOPs and bytes of every kernel of the last step (forward, backward, optimizer
             step, zero_grad), for the step-time model (:mod:`asrfit.memory.runtime`).
+        traced_calls: Kernel calls the trace of the last step made; fewer than ``cost``
+            counts where one traced call stands for many (:mod:`asrfit.memory.lattice`).
     """
 
     model: str
@@ -93,6 +96,7 @@ class StepMemory(JsonDataclass):
     assumptions: list[str] = field(default_factory=list)
     trace_seconds: float = 0.0
     cost: StepCost = field(default_factory=StepCost)
+    traced_calls: int = 0
 
 
 def _category(block: Block) -> str:
@@ -280,6 +284,8 @@ def simulate_step(
     steps: int = 2,
     prune: Any = None,
     detail: dict | None = None,
+    sample_lattice: bool = True,
+    optimizer_step: bool = True,
 ) -> StepMemory:
     """Trace ``steps`` training steps on fake tensors and report the last step's peak.
 
@@ -299,6 +305,10 @@ def simulate_step(
         detail: When given, filled with ``sizes`` (the rounded sizes of the blocks live at
             the peak, what ``peak_segment_bytes`` is computed from), ``regions`` (the last
             step's peak per ``phase@region``) and ``peak_region`` (that of the peak).
+        sample_lattice: Trace a TDT loss's loop over its lattice at a few representative
+            diagonals (:mod:`asrfit.memory.lattice`); False traces every diagonal.
+        optimizer_step: False skips the optimizer step (the gradients are dropped after the
+            backward pass), for callers that read only the forward and backward phases.
 
     Returns:
         The peak and its breakdown by category.
@@ -319,8 +329,11 @@ def simulate_step(
             prune(model, tracker)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(setup, params)
-        flops_before_last = 0
+        flops_before_last = state_bytes = 0
         counter = OpCounter(tracker)
+        lattice = sample_transducer_loop(model, tracker) if sample_lattice else None
+        if lattice is not None:
+            counter.weight = lattice.weight
         with tracker, counter, plain_composites(tracker):
             tracker.register(list(model.parameters()), "parameters")
             tracker.register(list(model.buffers()), "buffers")
@@ -344,12 +357,19 @@ def simulate_step(
                     else:
                         with plain_accumulation(tracker, [loss]):
                             loss.backward()
+                    if lattice is not None:
+                        lattice.release()
                     tracker.release_saved_scalars()
                     grads = [p.grad for p in params if p.grad is not None]
                     tracker.retag(grads, "gradients")
                     if setup.precision is Precision.FP16:
                         torch._foreach_mul_(grads, 1.0 / 65536.0)
                 del loss, inputs
+                if not optimizer_step:  # forward/backward only: drop the gradients
+                    with _phase(tracker, "zero_grad"):
+                        optimizer.zero_grad(set_to_none=True)
+                    del grads
+                    continue
                 with _phase(tracker, "optimizer"):
                     optimizer.step()
                     device_state, host_state = _state_tensors(optimizer, target)
@@ -396,6 +416,7 @@ def simulate_step(
         assumptions=assumptions,
         trace_seconds=time.perf_counter() - started,
         cost=counter.cost(steps),
+        traced_calls=counter.traced.get(steps, 0),
     )
 
 

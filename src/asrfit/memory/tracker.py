@@ -183,6 +183,21 @@ class StorageTracker(TorchDispatchMode):
         self.log.events.append((key, 1))
         self.log.events.append((key, -1))
 
+    def hold(self, nbytes: int, like: Block, at: int | None = None) -> int:
+        """Allocate a stand-in block of ``nbytes`` for a storage traced once and repeated
+        (:mod:`asrfit.memory.lattice`), categorised like ``like``, at event index ``at``
+        (Default: now); free it with :meth:`drop`."""
+        key = next(self._ids)
+        self.log.blocks[key] = Block(
+            key, nbytes, like.phase, like.step, like.tag, like.op, (), like.dtype, like.region
+        )
+        self.log.events.insert(len(self.log.events) if at is None else at, (key, 1))
+        return key
+
+    def drop(self, key: int) -> None:
+        """Free a block made by :meth:`hold`."""
+        self.log.events.append((key, -1))
+
     def _saved_scalar(self, func: Any, args: tuple) -> None:
         """``x * 0.5`` runs ``mul.Tensor`` with 0.5 wrapped in a 0-dim CPU tensor (8 bytes)
         made below the dispatcher, so no trace sees it; autograd saves it for ``x``'s

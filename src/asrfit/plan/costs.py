@@ -136,8 +136,10 @@ class CostEstimator:
         self._optimizer: dict[tuple, StepMemory] = {}
         self._time_points: dict[tuple, list[tuple[int, int, int, StepCost]]] = {}
 
-    def _simulate(self, batch: BatchShape, setup: Setup, what: str) -> StepMemory:
-        key = cache_key(self.model_key, batch, setup, self.target, 1)
+    def _simulate(
+        self, batch: BatchShape, setup: Setup, what: str, optimizer_step: bool = True
+    ) -> StepMemory:
+        key = cache_key(self.model_key, batch, setup, self.target, 1, optimizer_step)
 
         def compute() -> StepMemory:
             self.simulations += 1
@@ -145,9 +147,22 @@ class CostEstimator:
                 self.progress.started(batch, setup, what)
             if self.depth_scaling:  # a few layers per stack, scaled (full trace as fallback)
                 return scaled_step(
-                    self.adapter, batch, setup, target=self.target, steps=1, worth=DEPTH_WORTH
+                    self.adapter,
+                    batch,
+                    setup,
+                    target=self.target,
+                    steps=1,
+                    worth=DEPTH_WORTH,
+                    optimizer_step=optimizer_step,
                 )
-            return simulate_step(self.adapter, batch, setup, target=self.target, steps=1)
+            return simulate_step(
+                self.adapter,
+                batch,
+                setup,
+                target=self.target,
+                steps=1,
+                optimizer_step=optimizer_step,
+            )
 
         if key not in self._memo:
             self._memo[key] = cached(key, compute)
@@ -184,7 +199,8 @@ class CostEstimator:
             def trace(b: int, t: int) -> None:
                 t = max(t, self.min_input_length)
                 u = max(1, round(t * labels_per_step))
-                step = self._simulate(BatchShape(b, t, u), base, "activations")
+                # forward and backward are read: the optimizer step is not traced
+                step = self._simulate(BatchShape(b, t, u), base, "activations", False)
                 # Step 1 has no optimizer state during forward/backward (it is made afterwards).
                 fwd_bwd = max(
                     step.phase_peaks_bytes.get("forward", 0),
@@ -239,7 +255,12 @@ class CostEstimator:
                 continue
             hi, lo = BatchShape(b, t, u_hi), BatchShape(b, t, u_lo)
             pairs.append(
-                (hi, self._simulate(hi, base, "activations"), lo, self._simulate(lo, base, "labels"))
+                (
+                    hi,
+                    self._simulate(hi, base, "activations", False),
+                    lo,
+                    self._simulate(lo, base, "labels", False),
+                )
             )
         return pairs
 

@@ -1,0 +1,62 @@
+"""Parakeet-TDT traces with the loss's diagonal loop sampled, against the full loop.
+
+Run: ``python bench/lattice_sampling.py`` (about 3 minutes on 2 cores). For Parakeet-TDT-0.6B
+(the bundled config, fake tensors) at three shapes that no test uses, one step is traced
+with every anti-diagonal of the loss's lattice (``sample_lattice=False``) and with a few
+representative ones (:mod:`asrfit.memory.lattice`); prints the peaks, whether every phase's
+peak is equal, the kernel rows the step-time model prices, and the CPU time of each trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from asrfit.memory.adapters import BatchShape
+from asrfit.memory.report import resolve_adapter
+from asrfit.memory.setup import OptimizerKind, Precision, Setup
+from asrfit.memory.simulate import simulate_step
+
+CASES = [
+    (BatchShape(2, 500, 40), Setup(precision=Precision.BF16, optimizer=OptimizerKind.SGD)),
+    (BatchShape(4, 1500, 90), Setup(gradient_checkpointing=True, optimizer=OptimizerKind.SGD)),
+    (
+        BatchShape(8, 800, 50),
+        Setup(precision=Precision.BF16, checkpoint_layers=12, optimizer=OptimizerKind.ADAMW),
+    ),
+]
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)
+    adapter, _ = resolve_adapter("parakeet-tdt-0.6b-v2")
+    simulate_step(adapter, BatchShape(1, 200, 4), Setup(), steps=1)  # imports, first-call work
+    print(
+        "| batch (B, mel frames, labels) | setup | full peak MiB | sampled peak MiB | diff bytes "
+        "| phase peaks equal | calls full / sampled | bytes moved diff "
+        "| traced calls full / sampled | CPU s full / sampled |"
+    )
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|")
+    for batch, setup in CASES:
+        steps = 2 if setup.optimizer is OptimizerKind.ADAMW else 1  # the state in step 2
+        runs, cpu = {}, {}
+        for sampled in (False, True):
+            started = time.process_time()
+            runs[sampled] = simulate_step(
+                adapter, batch, setup, steps=steps, sample_lattice=sampled
+            )
+            cpu[sampled] = time.process_time() - started
+        f, q = runs[False], runs[True]
+        print(
+            f"| {batch.batch_size}, {batch.input_length}, {batch.label_length} "
+            f"| {setup.describe()} | {f.peak_bytes / 2**20:,.1f} | {q.peak_bytes / 2**20:,.1f} "
+            f"| {q.peak_bytes - f.peak_bytes:+,} | {f.phase_peaks_bytes == q.phase_peaks_bytes} "
+            f"| {f.cost.calls:,} / {q.cost.calls:,} "
+            f"| {100 * (q.cost.bytes_moved / f.cost.bytes_moved - 1):+.2f} % "
+            f"| {f.traced_calls:,} / {q.traced_calls:,} | {cpu[False]:.1f} / {cpu[True]:.1f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
