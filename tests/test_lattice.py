@@ -81,6 +81,10 @@ def test_sampled_loop_gives_the_full_trace(batch: BatchShape, setup: Setup) -> N
         assert b.bytes_moved == pytest.approx(a.bytes_moved, rel=0.01), phase
     assert full.traced_calls == full.cost.calls  # every call traced once
     assert sampled.traced_calls < 0.7 * full.traced_calls
+    note = next(a for a in sampled.assumptions if a.startswith("lattice:"))
+    traced, total = (int(w) for w in note.split() if w.isdigit())
+    assert traced <= 5 + lattice.GROUPS < total  # 5 leading diagonals (durations 0-4)
+    assert not any(a.startswith("lattice:") for a in full.assumptions)
 
 
 def test_a_loss_without_the_loop_is_traced_whole(monkeypatch) -> None:

@@ -127,8 +127,8 @@ class LatticeSampler:
         self._seq: int | None = None  # the last autograd node seen in backward
         self._active: list[_Group] = []  # groups whose stand-ins are live
         self._ranges: list[_Group] = []  # every group traced (for backward weights)
-        self.diagonals_traced = 0
-        self.diagonals_total = 0
+        self.diagonals_traced = 0  # anti-diagonals of the last loss call traced ...
+        self.diagonals_total = 0  # ... and in its lattice
 
     # -- the loop --------------------------------------------------------------
     def _diagonals(self, frames: int, labels: int, head: int, pending: list[_Group]) -> Callable:
@@ -168,6 +168,7 @@ class LatticeSampler:
             if module is None or not isinstance(logits, torch.Tensor) or logits.dim() != 4:
                 return real(*args, **kwargs)
             pending: list[_Group] = []
+            self.diagonals_traced = self.diagonals_total = 0  # of this call
             head = max(kwargs.get("durations") or [0]) + 1
             module.range = self._diagonals(logits.shape[1], logits.shape[2], head, pending)
             try:
@@ -184,6 +185,15 @@ class LatticeSampler:
             return out
 
         return sampled
+
+    def note(self) -> str | None:
+        """What was sampled, for a step's ``assumptions`` (None when nothing was)."""
+        if self.diagonals_total <= self.diagonals_traced:
+            return None
+        return (
+            f"lattice: traced {self.diagonals_traced} of the TDT loss's "
+            f"{self.diagonals_total} anti-diagonals, the others counted from them"
+        )
 
     def _stand_ins(self, group: _Group) -> None:
         start, end = group.events

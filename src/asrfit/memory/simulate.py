@@ -386,6 +386,8 @@ def simulate_step(
         tracker, steps, detail
     )
     assumptions = sorted({f"{a.op}: {a.rule} at {a.where}" for a in tracker.assumptions})
+    if lattice is not None and lattice.note():
+        assumptions.append(lattice.note())
     if target == "cpu" and setup.checkpoint_layers:
         # torch.utils.checkpoint keeps the CPU generator's state (a tensor made outside the
         # dispatcher, unseen by the tracker) per checkpointed layer until its recompute;
