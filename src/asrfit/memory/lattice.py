@@ -253,11 +253,11 @@ def sample_transducer_loop(
     module = _loop_module()
     if module is None:
         return None
-    try:
-        current = model.loss_function
-    except AttributeError:
-        return None
-    if current is not getattr(module, "ParakeetForTDTLoss", None):
+    # the model's loss without reading ``loss_function`` (a property that warns when a
+    # model has no loss type): an instance override, else the mapping entry of its type
+    mapping = getattr(sys.modules.get("transformers.loss.loss_utils"), "LOSS_MAPPING", {})
+    current = vars(model).get("_loss_function") or mapping.get(getattr(model, "loss_type", None))
+    if current is None or current is not getattr(module, "ParakeetForTDTLoss", None):
         return None
     sampler = LatticeSampler(tracker)
     model.loss_function = sampler.loss(current)
