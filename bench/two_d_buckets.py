@@ -81,7 +81,8 @@ def main() -> None:
                 gain = two["throughput"] / one["throughput"]
                 rows.append(
                     f"| {model} | {gpu} | {sd:g} | {one['setup']} | {one['buckets']} | "
-                    f"{one['throughput']:,.1f} | {two['buckets']} | {two['throughput']:,.1f} | "
+                    f"{one['throughput']:,.1f} | {two['setup']} | {two['buckets']} | "
+                    f"{two['throughput']:,.1f} | "
                     f"**{gain:.2f}x** | {time.perf_counter() - started:.0f} |"
                 )
                 print(rows[-1], flush=True)
@@ -103,8 +104,8 @@ def main() -> None:
             f"nproc={os.cpu_count()}; {args.utterances:,} utterances.",
             "",
             "| model | GPU | rate sd (chars/s) | setup (1-D) | 1-D buckets | 1-D audio s/s | "
-            "2-D buckets | 2-D audio s/s | 2-D / 1-D | bench s |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+            "setup (2-D) | 2-D buckets | 2-D audio s/s | 2-D / 1-D | bench s |",
+            "|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
             *rows,
         ]
     )

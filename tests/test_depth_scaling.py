@@ -170,6 +170,21 @@ def test_scaled_step_matches_the_full_trace(family: str, setup_name: str) -> Non
         assert scaled.breakdown_bytes["gradients"] == trainable
 
 
+def test_every_layer_checkpointed_by_count_scales_like_the_full_trace() -> None:
+    """``checkpoint_layers`` = every encoder layer (the planner's partial choice can pick
+    k = L): the reduced traces keep all layers checkpointed (a build shorter than k could
+    not be checkpointed k deep) and match the full trace."""
+    make, batch = CASES["wav2vec2"]
+    adapter, setup = _adapter(make()), Setup(checkpoint_layers=LAYERS)
+    full = simulate_step(adapter, batch, setup, steps=1)
+    scaled = scaled_step(adapter, batch, setup, steps=1, min_saving=0)
+    assert any(a.startswith("depth: scaled") for a in scaled.assumptions), scaled.assumptions
+    assert _close(scaled.peak_bytes, full.peak_bytes), (scaled.peak_bytes, full.peak_bytes)
+    for phase, value in full.phase_peaks_bytes.items():
+        assert _close(scaled.phase_peaks_bytes[phase], value), phase
+    assert _close(scaled.flops, full.flops)
+
+
 def test_groups_keep_layers_that_differ() -> None:
     """WavLM's first layer carries the relative position bias: it is kept, not scaled."""
     adapter = speech_adapter(CASES["wavlm"][0]())

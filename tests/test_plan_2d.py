@@ -242,3 +242,44 @@ def test_planner_splits_a_transducer_by_labels_and_each_limit_holds_in_a_fresh_s
     for bucket in (last_range[0], last_range[-1]):
         assert reserved(bucket.batch_size, bucket) <= usable
         assert reserved(int(bucket.batch_size * 1.15) + 1, bucket) > usable
+
+
+def test_label_ranges_may_pick_a_setup_slower_with_duration_buckets(monkeypatch) -> None:
+    """The fastest setup with duration buckets is tried with label ranges first; where they
+    help it, the next ones are tried too, and the fastest result wins (the earlier on a tie,
+    a later one only with label ranges)."""
+    from types import SimpleNamespace
+
+    from asrfit.memory.setup import Setup
+    from asrfit.plan import label_buckets
+
+    def candidate(throughput: float, ckpt: bool, optimizer: str = "adamw") -> SimpleNamespace:
+        setup = Setup(gradient_checkpointing=ckpt, optimizer=optimizer)
+        return SimpleNamespace(
+            costs=SimpleNamespace(setup=setup), buckets=[], throughput=throughput, epoch_seconds=1.0
+        )
+
+    outcome: dict[bool, tuple[str, float]] = {}  # per setup (checkpointing): (dims, rate per device)
+    asked: list[bool] = []
+
+    def fake(costs, one_d, *args):  # noqa: ANN001, ANN002, ANN202
+        asked.append(costs.setup.gradient_checkpointing)
+        dims, rate = outcome[costs.setup.gradient_checkpointing]
+        return costs, ([], rate, 1.0), dims, f"{dims} reason"
+
+    monkeypatch.setattr(label_buckets, "choose_bucketing", fake)
+    # 2 devices; the second keeps activations as the first does (another optimizer): skipped
+    cands = [candidate(200.0, True), candidate(190.0, True, "sgd"), candidate(180.0, False)]
+    outcome.update({True: ("2d", 104.0), False: ("2d", 130.0)})
+    at, (_, result, dims, reason) = label_buckets.choose_across(cands, 2)
+    assert (at, dims, result[1]) == (2, "2d", 130.0)
+    assert asked == [True, False]
+    assert "faster than fp32+ckpt" in reason and "208.0 audio s/s" in reason
+    asked.clear()
+    outcome.update({True: ("1d", 100.0)})  # label ranges do not help the fastest: it stays
+    assert label_buckets.choose_across(cands, 2)[0] == 0
+    assert asked == [True]
+    outcome.update({True: ("2d", 104.0), False: ("1d", 150.0)})  # a later one only with 2-D
+    assert label_buckets.choose_across(cands, 2)[0] == 0
+    outcome.update({True: ("2d", 130.0), False: ("2d", 130.0)})  # tie: the earlier
+    assert label_buckets.choose_across(cands, 2)[0] == 0

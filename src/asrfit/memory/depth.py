@@ -234,7 +234,11 @@ def scaled_step(
     built = "at reduced depth" if fields else "whole (no config attribute sets a stack's depth)"
     for d in design:
         layer_counts = {**fixed, **dict(zip(keys, d, strict=True))}
-        depths = {k: v for k, v in build_depths(full, layer_counts).items() if k in fields}
+        depths = {
+            k: v
+            for k, v in build_depths(full, layer_counts, setup.checkpoint_layers).items()
+            if k in fields
+        }
         s: dict = {}
         try:
             step = trace(layer_counts, depths, s)

@@ -135,9 +135,11 @@ def candidates(config: Any, length: int) -> list[Field]:
     return found
 
 
-def build_depths(full: Layout, counts: dict[str, int]) -> dict[str, int]:
+def build_depths(full: Layout, counts: dict[str, int], first_k: int = 0) -> dict[str, int]:
     """Per stack, the layers a build needs so that pruning to ``counts`` keeps the same layers:
-    up to the last kept one (layers outside the groups are always kept)."""
+    up to the last kept one (layers outside the groups are always kept), and at least the
+    ``first_k`` layers a setup checkpoints by count (``Setup.checkpoint_layers``; the build
+    checkpoints them before pruning, so it must have them, even when they are all)."""
     grouped: dict[str, set[int]] = {n: set() for n in full.stacks}
     kept: dict[str, set[int]] = {n: set() for n in full.stacks}
     for key, idx in full.groups:
@@ -151,6 +153,8 @@ def build_depths(full: Layout, counts: dict[str, int]) -> dict[str, int]:
         need = max(kept[stack] | others, default=0) + 1
         if flagged < len(layers):  # the first k checkpointed: a build needs at least k layers
             need = max(need, flagged)
+        if flagged and first_k:
+            need = max(need, min(first_k, len(layers)))
         if need < len(layers):
             depths[stack] = need
     return depths

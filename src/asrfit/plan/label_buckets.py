@@ -342,3 +342,56 @@ def choose_bucketing(
             "dimension must earn"
         ),
     )
+
+
+# ways of keeping activations (precision, checkpointing) on whose fastest setup label ranges
+# are tried when they help the fastest overall: a setup that saves less memory (fewer
+# checkpointed layers) may win once its batches are sized per label range
+SHORTLIST = 3
+
+
+def _activations(candidate: Any) -> tuple:
+    setup = candidate.costs.setup
+    return (setup.precision, setup.gradient_checkpointing, setup.checkpoint_layers)
+
+
+def choose_across(candidates: list[Any], world: int, *args: Any) -> tuple[int, tuple]:
+    """The setup to plan once label ranges have had their say, and its bucketing.
+
+    Args:
+        candidates: Setups that fit, sorted by duration-bucket throughput (``.throughput``
+            of all devices, ``.epoch_seconds``, ``.buckets``, ``.costs``).
+        world: Devices (:func:`choose_bucketing` works per device).
+        args: :func:`choose_bucketing`'s arguments after ``one_d``.
+
+    Returns:
+        ``(index into candidates, its choose_bucketing result)``: of the first, and (when
+        label ranges help it) the best of each of the next :data:`SHORTLIST` - 1 ways of
+        keeping activations (precision, checkpointing), the fastest; a later one only with
+        label ranges, the earlier on a tie.
+    """
+
+    def bucket(c: Any) -> tuple:
+        one_d = (c.buckets, c.throughput / world, c.epoch_seconds * world)
+        return choose_bucketing(c.costs, one_d, *args)
+
+    results = {0: bucket(candidates[0])}
+    if results[0][2] == "2d":  # memory moves with transcripts: another setup may now win
+        # the best of each other way of keeping activations (the optimizer changes only the
+        # model states, which label ranges do not)
+        seen = {_activations(candidates[0])}
+        for j, c in enumerate(candidates):
+            if len(seen) >= SHORTLIST:
+                break
+            if _activations(c) not in seen:
+                seen.add(_activations(c))
+                results[j] = bucket(c)
+    rates = {j: r[1][1] * world for j, r in results.items()}
+    eligible = [j for j, r in results.items() if j == 0 or r[2] == "2d"]
+    i = max(eligible, key=lambda j: (rates[j], -j))
+    if i == 0:
+        return 0, results[0]
+    costs, result, dims, reason = results[i]
+    first = candidates[0].costs.setup.describe()
+    reason += f"; with them faster than {first} ({rates[0]:,.1f} audio s/s)"
+    return i, (costs, result, dims, reason)

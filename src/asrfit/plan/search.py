@@ -48,7 +48,7 @@ from asrfit.plan.costs import (
 from asrfit.plan.data_checks import data_warnings
 from asrfit.plan.explain import shortfall_warning
 from asrfit.plan.fingerprint import fingerprints
-from asrfit.plan.label_buckets import LABEL_PROBE_LOW, LABEL_TRACES, choose_bucketing
+from asrfit.plan.label_buckets import LABEL_PROBE_LOW, LABEL_TRACES, SHORTLIST, choose_across
 from asrfit.plan.long_audio import long_audio_cap_from_profile
 from asrfit.plan.margin import applied_margin
 from asrfit.plan.plan import Bucket, DataDecisions, Plan
@@ -329,7 +329,7 @@ def plan(
     estimator.progress = progress
     if progress is not None:
         progress.frames_per_second = rate
-        progress.expect(0 if bucketing == "1d" else LABEL_TRACES)
+        progress.expect(0 if bucketing == "1d" else LABEL_TRACES * SHORTLIST)
     skip = (lambda: progress.skip(MAX_REFINE_TRACES)) if progress is not None else None
     for offload in (False, True):
         setups = candidate_setups(hardware, precision, world, freeze_feature_encoder, offload)
@@ -391,13 +391,13 @@ def plan(
                 gpu=hardware.spec.name if hardware.spec else hardware.source))
         )
     candidates.sort(key=lambda c: -c.throughput)
+    at, (chosen_costs, chosen, dims, bucketing_reason) = choose_across(
+        candidates, world, estimator, hardware, durations, paired, usable, rate, labels_per_second,
+        edge_max, batch_cap, dataset.num_utterances, bucketing,
+    )
+    candidates.insert(0, candidates.pop(at))  # the chosen first, the others as alternatives
     best = candidates[0]
     setup = best.costs.setup
-    chosen_costs, chosen, dims, bucketing_reason = choose_bucketing(
-        best.costs, (best.buckets, best.throughput / world, best.epoch_seconds * world),
-        estimator, hardware, durations, paired, usable, rate, labels_per_second, edge_max,
-        batch_cap, dataset.num_utterances, bucketing,
-    )
     if progress is not None:
         progress.close()
     if dims == "2d":
