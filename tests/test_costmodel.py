@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 
+from asrfit.memory.allocator import (
+    CUBLAS_WORKSPACE_BYTES,
+    FRAGMENTATION_CLASSIC,
+    FRAGMENTATION_EXPANDABLE,
+)
 from asrfit.memory.costmodel import (
     PeakModel,
     default_fit_shapes,
@@ -32,6 +40,77 @@ def test_max_batch_is_the_largest_that_fits() -> None:
     # peak(B, 10, 0) = 100 + 10 B: a 200-byte budget takes B = 10 exactly, not 11.
     assert model.max_batch(200, 10, 0) == 10
     assert model.max_batch(99, 10, 0) == 0
+
+
+class _Wavy:
+    """A peak that rises with the batch, by turns faster and slower (``B + 0.9 sin(B + phase)``)."""
+
+    def __init__(self, line: PeakModel, phase: float) -> None:
+        self.line, self.phase = line, phase
+
+    def predict(self, batch_size: int, input_length: int, label_length: int) -> float:
+        per_utt = self.line.predict(1, input_length, label_length) - self.line.c0_bytes
+        return self.line.c0_bytes + per_utt * (batch_size + 0.9 * math.sin(batch_size + self.phase))
+
+
+def _reserved(costs: Any, b: int, t: int, u: int) -> int:
+    """Reserved bytes by the allocator's rules (its module doc), written out."""
+    mib2 = 2 << 20
+    peak = int(costs.traced_peak(b, t, u))
+    workspace = CUBLAS_WORKSPACE_BYTES[costs.architecture or "default"]
+    frag = FRAGMENTATION_EXPANDABLE if costs.expandable_segments else FRAGMENTATION_CLASSIC
+    return math.ceil(int((peak + workspace) * (1 + frag)) / mib2) * mib2
+
+
+def test_setup_max_batch_is_the_largest_reserved_fit_found_by_a_scan() -> None:
+    """The planner's search (a guess, then galloping) against trying every batch in turn."""
+    import random
+
+    from asrfit.memory.setup import Setup
+    from asrfit.plan.checkpointing import _LineOrFloor
+    from asrfit.plan.costs import SetupCosts
+
+    rng = random.Random(0)
+    mib = 1 << 20
+    cases = 0
+    for _ in range(300):
+        memory = PeakModel(
+            c0_bytes=rng.uniform(0, 4000) * mib,
+            a_bytes_per_step=rng.choice([0.0, rng.uniform(0, 2e5)]),
+            b_bytes_per_step2=rng.choice([0.0, rng.uniform(0, 5.0)]),
+            c_bytes_per_label=rng.uniform(0, 1e5),
+        )
+        if rng.random() < 0.4:  # partial checkpointing's model: the larger of a line and a
+            # floor that starts lower and grows faster (the first guess, from batches 1 and 2,
+            # then overshoots)
+            off = memory
+            one = PeakModel(off.c0_bytes, 0.7 * off.a_bytes_per_step, off.b_bytes_per_step2, 0.0)
+            floor = PeakModel(0.8 * off.c0_bytes, 0.5 * off.a_bytes_per_step, 0.0, 0.0)
+            memory = _LineOrFloor(off, one, floor, rng.randint(0, 3))
+        elif rng.random() < 0.3:  # neither convex nor concave: guesses land on either side
+            memory = _Wavy(memory, rng.uniform(0, 2 * math.pi))
+        state = rng.randint(0, 2000) * mib
+        costs = SetupCosts(
+            Setup(),
+            memory,  # type: ignore[arg-type]
+            optimizer_peak_bytes=rng.randint(0, 6000) * mib,
+            model_state_bytes=state,
+            sharded_state_bytes=rng.randint(0, state),
+            flops=memory,  # type: ignore[arg-type]
+            architecture=rng.choice([None, "hopper"]),
+            expandable_segments=rng.random() < 0.5,
+        )
+        usable = rng.randint(1000, 80_000) * mib + rng.randint(0, mib)
+        t, u = rng.randint(100, 3000), rng.randint(1, 300)
+
+        cap = rng.choice([64, 1024])
+        fitting = [b for b in range(1, cap + 1) if _reserved(costs, b, t, u) <= usable]
+        expected = max(fitting, default=0)
+        assert fitting == list(range(1, expected + 1))  # monotone: the scan's answer is unique
+        assert costs.max_batch(usable, t, u, cap) == expected, (usable, t, u, cap)
+        assert costs.max_batch(usable, t, u, cap) == expected  # again, from the memo
+        cases += expected > 1
+    assert cases > 100  # most cases are not decided at batch 0 or 1
 
 
 def test_never_under_covers_every_point() -> None:

@@ -54,6 +54,42 @@ def segment_bytes(block_sizes: list[int]) -> int:
     return total
 
 
+def _workspace(architecture: str | None) -> int:
+    return CUBLAS_WORKSPACE_BYTES.get(
+        (architecture or "").lower(), CUBLAS_WORKSPACE_BYTES["default"]
+    )
+
+
+def reserved_bytes(
+    peak_bytes: int,
+    peak_segment_bytes: int,
+    *,
+    architecture: str | None = None,
+    expandable_segments: bool = True,
+) -> int:
+    """:func:`predict_cuda`'s ``reserved_bytes`` alone, without building its explanation.
+
+    The planner asks it tens of thousands of times per plan (each bucket's largest batch).
+    """
+    workspace = _workspace(architecture)
+    frag = FRAGMENTATION_EXPANDABLE if expandable_segments else FRAGMENTATION_CLASSIC
+    reserved = int((max(peak_segment_bytes, peak_bytes) + workspace) * (1 + frag))
+    return -(-reserved // LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES
+
+
+def peak_within(
+    reserved_budget: int, *, architecture: str | None = None, expandable_segments: bool = True
+) -> float:
+    """About the largest traced peak whose :func:`reserved_bytes` stays within the budget.
+
+    The inverse of :func:`reserved_bytes` up to its rounding: a first guess for searches,
+    which must check their answer with :func:`reserved_bytes` itself.
+    """
+    frag = FRAGMENTATION_EXPANDABLE if expandable_segments else FRAGMENTATION_CLASSIC
+    whole = reserved_budget // LARGE_ROUND_BYTES * LARGE_ROUND_BYTES
+    return whole / (1 + frag) - _workspace(architecture)
+
+
 @dataclass
 class CudaPrediction(JsonDataclass):
     """Predicted CUDA memory for one step on one device.
@@ -86,14 +122,15 @@ def predict_cuda(
         architecture: GPU architecture name from the catalog (e.g. "hopper"), for the cuBLAS workspace.
         expandable_segments: Whether ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` is set.
     """
-    workspace = CUBLAS_WORKSPACE_BYTES.get(
-        (architecture or "").lower(), CUBLAS_WORKSPACE_BYTES["default"]
-    )
+    workspace = _workspace(architecture)
     allocated = peak_bytes + workspace
     frag = FRAGMENTATION_EXPANDABLE if expandable_segments else FRAGMENTATION_CLASSIC
-    reserved = max(peak_segment_bytes + workspace, allocated)
-    reserved = int(reserved * (1 + frag))
-    reserved = -(-reserved // LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES
+    reserved = reserved_bytes(
+        peak_bytes,
+        peak_segment_bytes,
+        architecture=architecture,
+        expandable_segments=expandable_segments,
+    )
     return CudaPrediction(
         allocated_bytes=allocated,
         reserved_bytes=reserved,

@@ -47,6 +47,33 @@ def _step_seconds(costs: SetupCosts, hardware: Any, b: int, t: int, u: int) -> f
     return costs.flops.predict(b, t, u) / (peak * 1e12 * MFU[costs.setup.precision])
 
 
+def _duration_bins(
+    durations: np.ndarray, count: int, max_seconds: float
+) -> list[tuple[float, float, np.ndarray, float]]:
+    """``(lower, upper edge, durations inside, their mean)`` of each non-empty bucket.
+
+    A plan sizes the same bins for every setup it weighs (tens of times): they are kept for
+    the last ``durations`` array seen (held, so that no other array can take its identity)
+    and its sum (an array changed in place is binned again).
+    """
+    key = (max_seconds, float(durations.sum()))
+    if _bins_of[0] is not durations or _bins_of[1] != key:
+        _bins_of[:] = [durations, key, {}]
+    known = _bins_of[2]
+    if count not in known:
+        kept = durations[durations <= max_seconds]
+        bins, lo = [], 0.0
+        for edge in _bucket_edges(durations, count, max_seconds):
+            inside = kept[(kept > lo) & (kept <= edge)] if lo > 0 else kept[kept <= edge]
+            if inside.size:
+                bins.append((lo, edge, inside, float(inside.mean())))
+                lo = edge
+        known[count] = bins
+    return known[count]
+
+
+_bins_of: list = [None, None, {}]  # (durations, (max_seconds, sum), count -> bins)
+
 BucketResult = tuple[list[Bucket], float, float]
 """A bucketing: (buckets, predicted throughput in audio s/s, predicted epoch seconds)."""
 
@@ -62,6 +89,7 @@ def bin_bucket(
     batch_cap: int | None,
     utterances: float,
     fraction: float,
+    mean_seconds: float | None = None,
 ) -> tuple[Bucket, float, float] | None:
     """One bucket: its largest batch, and the audio and wall seconds of its utterances.
 
@@ -76,6 +104,7 @@ def bin_bucket(
         batch_cap: Largest batch wanted, or None.
         utterances: Utterances of the dataset in the bucket.
         fraction: Their share of the dataset.
+        mean_seconds: ``members.mean()``, where the caller has it.
 
     Returns:
         ``(bucket, audio seconds, wall seconds)``, or None when not one utterance fits.
@@ -88,7 +117,7 @@ def bin_bucket(
     if batch_cap is not None:
         b = min(b, batch_cap)
     step = _step_seconds(costs, hardware, b, t, u)
-    mean = float(members.mean())
+    mean = float(members.mean()) if mean_seconds is None else mean_seconds
     bucket = Bucket(
         min_seconds=seconds[0],
         max_seconds=seconds[1],
@@ -120,12 +149,9 @@ def plan_buckets(
     if kept.size == 0:
         return None
     for count in BUCKET_COUNTS:
-        buckets, lo, total_audio, total_time = [], 0.0, 0.0, 0.0
+        buckets, total_audio, total_time = [], 0.0, 0.0
         ok = True
-        for edge in _bucket_edges(durations, count, max_seconds):
-            inside = kept[(kept > lo) & (kept <= edge)] if lo > 0 else kept[kept <= edge]
-            if inside.size == 0:
-                continue
+        for lo, edge, inside, mean in _duration_bins(durations, count, max_seconds):
             u = max(1, math.ceil(edge * labels_per_second))
             made = bin_bucket(
                 costs,
@@ -138,6 +164,7 @@ def plan_buckets(
                 batch_cap,
                 inside.size / kept.size * num_utterances,
                 inside.size / kept.size,
+                mean,
             )
             if made is None:
                 ok = False
@@ -145,7 +172,6 @@ def plan_buckets(
             bucket, audio, seconds = made
             buckets.append(bucket)
             total_audio, total_time = total_audio + audio, total_time + seconds
-            lo = edge
         if not ok or not buckets or total_time <= 0:
             continue
         throughput = total_audio / total_time

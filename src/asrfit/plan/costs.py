@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asrfit.memory.adapters import BatchShape, StepAdapter
-from asrfit.memory.allocator import predict_cuda
+from asrfit.memory.allocator import peak_within, reserved_bytes
 from asrfit.memory.cache import cache_key, cached
 from asrfit.memory.costmodel import PeakModel, fit_peak_model
 from asrfit.memory.depth import scaled_step
@@ -59,23 +59,63 @@ class SetupCosts:
     def reserved_bytes(self, batch_size: int, input_length: int, label_length: int) -> int:
         """Predicted ``max_memory_reserved`` per device (see :mod:`asrfit.memory.allocator`)."""
         peak = int(self.traced_peak(batch_size, input_length, label_length))
-        return predict_cuda(
+        return reserved_bytes(
             peak, peak, architecture=self.architecture, expandable_segments=self.expandable_segments
-        ).reserved_bytes
+        )
 
     def max_batch(
         self, usable_bytes: int, input_length: int, label_length: int, cap: int = 4096
     ) -> int:
         """Largest batch whose predicted reserved bytes stay within ``usable_bytes`` (0 if none)."""
-        if self.reserved_bytes(1, input_length, label_length) > usable_bytes:
+        key = (usable_bytes, input_length, label_length, cap)
+        known = self.__dict__.setdefault("_max_batches", {})  # a plan asks each shape many times
+        if key not in known:
+            known[key] = self._max_batch(*key)
+        return known[key]
+
+    def _max_batch(self, usable_bytes: int, input_length: int, label_length: int, cap: int) -> int:
+        def fits(b: int) -> bool:
+            return self.reserved_bytes(b, input_length, label_length) <= usable_bytes
+
+        if not fits(1):
             return 0
-        lo, hi = 1, 2
-        while hi <= cap and self.reserved_bytes(hi, input_length, label_length) <= usable_bytes:
-            lo, hi = hi, hi * 2
-        hi = min(hi, cap + 1)
+        # lo fits, hi does not (or is past the cap); both narrowed from a first guess, the
+        # batch at which the activations' peak, linear in the batch, meets the budget's peak
+        # (the optimizer phase's, constant, fits: batch 1 does)
+        lo, hi = 1, cap + 1
+        first = self.memory.predict(1, input_length, label_length)
+        slope = self.memory.predict(2, input_length, label_length) - first
+        base = first - self.model_state_bytes + self.sharded_state_bytes
+        room = peak_within(
+            usable_bytes,
+            architecture=self.architecture,
+            expandable_segments=self.expandable_segments,
+        )
+        guess = min(max(1 + int((room - base) // slope) if slope > 0 else cap, 1), cap)
+        guess_fits = fits(guess)
+        if not guess_fits:
+            # a peak that grows faster at larger batches (partial checkpointing's model, the
+            # larger of two lines): guess again along the chord from batch 1 to the miss
+            hi = guess
+            one = self.traced_peak(1, input_length, label_length)
+            rise = self.traced_peak(guess, input_length, label_length) - one
+            guess = 1 + int((room - one) * (guess - 1) // rise) if rise > 0 else 1
+            guess = min(max(guess, 1), hi - 1)
+            guess_fits = fits(guess)
+        step = 1
+        if guess_fits:  # gallop up from the guess
+            lo = guess
+            while lo + step < hi and fits(lo + step):
+                lo, step = lo + step, step * 2
+            hi = min(hi, lo + step)
+        else:  # gallop down from it
+            hi = guess
+            while hi - step > 1 and not fits(hi - step):
+                hi, step = hi - step, step * 2
+            lo = max(1, hi - step)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.reserved_bytes(mid, input_length, label_length) <= usable_bytes:
+            if fits(mid):
                 lo = mid
             else:
                 hi = mid

@@ -93,6 +93,15 @@ def _fits(costs: Any, rates: DeviceRates) -> tuple[dict[str, StepTimeFit], str]:
 
 
 def _fit(costs: Any, rates: DeviceRates) -> StepTimeFit:
+    last = costs.__dict__.get("_speed_last")  # the planner asks per bucket, same rates object
+    if last is not None and last[0] is rates:
+        return last[1]
+    fit = _fit_for(costs, rates)
+    costs.__dict__["_speed_last"] = (rates, fit)
+    return fit
+
+
+def _fit_for(costs: Any, rates: DeviceRates) -> StepTimeFit:
     cache, key = _fits(costs, rates)
     if key not in cache:
         if len(costs.time_points) < 4:
@@ -114,10 +123,9 @@ def _fit(costs: Any, rates: DeviceRates) -> StepTimeFit:
             ),
             optimizer_seconds=optimizer,
         )
+        exact = [(b, t, u, step_seconds(cost, rates)) for b, t, u, cost in costs.time_points]
         fit.max_relative_residual = max(
-            abs(fit.forward_backward_seconds(b, t, u) - step_seconds(cost, rates))
-            / max(step_seconds(cost, rates), 1e-12)
-            for b, t, u, cost in costs.time_points
+            abs(fit.forward_backward_seconds(b, t, u) - s) / max(s, 1e-12) for b, t, u, s in exact
         )
         cache[key] = fit
     return cache[key]
@@ -147,6 +155,7 @@ def set_step_time_fit(costs: Any, rates: DeviceRates, fit: StepTimeFit) -> None:
     """Give ``costs`` a step-time fit made elsewhere (an interpolation between two setups)."""
     cache, key = _fits(costs, rates)
     cache[key] = fit
+    costs.__dict__.pop("_speed_last", None)
 
 
 def fit_residual(costs: Any, rates: DeviceRates) -> float:

@@ -373,4 +373,11 @@ def device_rates(hardware: object | None, threads: int | None = None) -> DeviceR
     if hardware is None or getattr(hardware, "num_gpus", 0) == 0:
         return host_rates(threads)
     spec = getattr(hardware, "spec", None)
-    return gpu_rates(spec) if spec is not None else None
+    if spec is None:
+        return None
+    if _last_gpu[0] is not spec:  # the planner asks once per bucket it sizes
+        _last_gpu[:] = [spec, gpu_rates(spec)]
+    return _last_gpu[1]
+
+
+_last_gpu: list = [None, None]  # the last catalog entry asked for and its rates

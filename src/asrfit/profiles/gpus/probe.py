@@ -164,13 +164,8 @@ def host_memory_bytes(cgroup_root: Path = _CGROUP_ROOT) -> tuple[int, int]:
 
 
 def _system_memory_bytes() -> tuple[int, int]:
-    try:
-        import psutil  # type: ignore[import-untyped]
-
-        vm = psutil.virtual_memory()
-        return int(vm.total), int(vm.available)
-    except ImportError:
-        pass
+    # Linux: /proc/meminfo, what psutil reads there too, without importing it (a plan's
+    # budget: 0.07 s of a warm plan)
     try:
         fields = {}
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -179,6 +174,13 @@ def _system_memory_bytes() -> tuple[int, int]:
         total = fields["MemTotal"]
         return total, fields.get("MemAvailable", fields.get("MemFree", total))
     except (OSError, KeyError, ValueError, IndexError):
+        pass
+    try:
+        import psutil  # type: ignore[import-untyped]
+
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available)
+    except ImportError:
         pass
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
