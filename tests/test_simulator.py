@@ -220,3 +220,53 @@ def test_a_python_number_saved_by_autograd_counts_on_a_cpu() -> None:
     assert number.peak_raw_bytes == tensor.peak_raw_bytes
     on_gpu = simulate_step(_scaled_adapter(False), SHAPE, setup, target="cuda")
     assert number.peak_raw_bytes - on_gpu.peak_raw_bytes == 8
+
+
+def test_device_queries_answered_in_the_outermost_mode_trace_the_same_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tensor.device`` of a fake tensor is a ``prim.device`` op that asrfit's dispatch modes
+    now answer themselves instead of passing it down the mode stack: the step (peaks, every
+    category, FLOPs, every kernel row) must be what the full stack gives, with SpecAugment's
+    host-side spans, fp16 loss scaling and checkpointing's recompute in it; and it must be
+    the same trace twice (the spans are drawn with a fixed seed)."""
+    import transformers
+
+    from asrfit.memory import tracker as tracker_module
+    from asrfit.memory import values
+
+    cfg = transformers.Wav2Vec2Config(
+        vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_prob=0.3,
+        mask_time_length=2, mask_feature_prob=0.2, mask_feature_length=4,
+    )  # fmt: skip
+    cfg.architectures = ["Wav2Vec2ForCTC"]
+    shape, setup = BatchShape(3, 16_000, 10), Setup(precision="fp16", gradient_checkpointing=True)
+    seen: list[int] = []
+    dispatch = tracker_module.StorageTracker.__torch_dispatch__
+
+    def counting(self: object, func: object, *rest: object) -> object:
+        seen.append(func is values.PRIM_DEVICE)
+        return dispatch(self, func, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tracker_module.StorageTracker, "__torch_dispatch__", counting)
+    results = {}
+    for shortcut in (False, True, True):
+        monkeypatch.setattr(values, "shortcut_device_queries", shortcut)
+        seen.clear()
+        results.setdefault(shortcut, []).append(
+            (simulate_step(hf_adapter(cfg), shape, setup, target="cuda"), sum(seen), len(seen))
+        )
+    (full, asked_full, ops_full), = results[False]
+    (short, asked_short, ops_short), (again, _, _) = results[True]
+    assert asked_full > ops_full / 3  # device queries are a large share of the ops...
+    assert asked_short < asked_full / 10  # ... and few reach the tracker now
+    for a in (short, again):
+        assert a.peak_bytes == full.peak_bytes and a.peak_raw_bytes == full.peak_raw_bytes
+        assert a.phase_peaks_bytes == full.phase_peaks_bytes
+        assert a.breakdown_bytes == full.breakdown_bytes
+        assert a.step_peaks_bytes == full.step_peaks_bytes
+        assert a.flops == full.flops
+        assert a.cost.rows == full.cost.rows
+        assert a.traced_calls == full.traced_calls

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from asrfit.memory.values import device_query
+
 _ADD = torch.ops.aten.add.Tensor
 
 
@@ -61,6 +63,9 @@ class _AccumulationWatcher(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
+        device = device_query(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if (
@@ -203,6 +208,9 @@ class _CompositeWatcher(_AccumulationWatcher):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
+        device = device_query(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not args or not isinstance(args[0], torch.Tensor) or not isinstance(out, torch.Tensor):

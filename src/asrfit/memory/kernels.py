@@ -24,6 +24,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -138,7 +139,15 @@ def _full_length_when_unknown(original: Any) -> Any:
                 "numpy; the device mask has the same shape either way)",
             )
             attention_mask = None
-        return original(shape, mask_prob, mask_length, attention_mask, min_masks)
+        # The spans are drawn from NumPy's global generator: seeded here (and restored), so
+        # that a trace, and the kernel bytes it counts where spans overlap, is the same every
+        # time
+        state = np.random.get_state()
+        np.random.seed(0)
+        try:
+            return original(shape, mask_prob, mask_length, attention_mask, min_masks)
+        finally:
+            np.random.set_state(state)
 
     compute_mask_indices.asrfit_original = original  # type: ignore[attr-defined]
     return compute_mask_indices
@@ -152,6 +161,7 @@ def _spec_augment_spans_on_host() -> Iterator[None]:
     ``.tolist()`` and draws the masked spans in NumPy. The tracker knows mask values only up
     to a size limit (large batches of raw audio exceed it); the values change where the spans
     fall, never the size of the boolean mask sent to the device, so full lengths are used.
+    The spans are drawn with a fixed seed, so that a trace is the same every time.
     """
     import sys
 

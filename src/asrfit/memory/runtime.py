@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from asrfit.memory.values import tensors_in
+from asrfit.memory.values import device_query, tensors_in
 from asrfit.profiles.rates import DeviceRates, runs_kernel
 from asrfit.utils.serialization import JsonDataclass
 
@@ -231,6 +231,9 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
+        device = device_query(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         weight = 1 if self.weight is None else self.weight()  # before the op allocates
         out = func(*args, **kwargs)

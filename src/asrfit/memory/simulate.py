@@ -322,9 +322,12 @@ def simulate_step(
     tracker = StorageTracker()
     tracker.scratch = scratch_rules(target, tracker)
     tracker.count_saved_scalars = target == "cpu"
-    with fake_mode, device_kernels(target), _values_released(tracker):
+    with fake_mode, _values_released(tracker), contextlib.ExitStack() as kernels:
         with _no_init_kernels():
             model = _build(adapter, setup)
+        # after the build, which imports the model's module on a first trace: device_kernels
+        # patches the loaded modules' host-side SpecAugment spans
+        kernels.enter_context(device_kernels(target))
         if prune is not None:
             prune(model, tracker)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -31,7 +31,7 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from asrfit.memory import datadep
-from asrfit.memory.values import tensors_in, user_frame
+from asrfit.memory.values import device_query, tensors_in, user_frame
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK_BYTES = 512
@@ -308,6 +308,9 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
+        device = device_query(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         handler = self._handlers.get(func)
         out = handler(self, func, args, kwargs) if handler is not None else func(*args, **kwargs)

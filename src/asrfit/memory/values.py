@@ -12,7 +12,7 @@ import traceback
 from typing import Any, Protocol
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten
 
@@ -70,6 +70,29 @@ def _collect(obj: Any, out: list[torch.Tensor]) -> None:
         out.extend(t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
 
 
+PRIM_DEVICE = torch.ops.prim.device.default
+# Answer ``prim.device`` in the outermost of asrfit's dispatch modes (False: pass it down the
+# mode stack like any op, for tests that compare the two)
+shortcut_device_queries = True
+
+
+def device_query(func: Any, args: Any) -> torch.device | None:
+    """A fake tensor's device, as ``FakeTensor`` answers ``prim.device``; None for other ops.
+
+    Every ``tensor.device`` of a fake tensor is a ``prim.device`` op that travels through every
+    dispatch mode of a trace, about 70 % of the ops a trace dispatches (wav2vec2-base: 5,316
+    of 7,538), and none of them allocates or runs a kernel. Each of asrfit's modes answers
+    it first, the way ``FakeTensor.__torch_dispatch__`` does, and the modes below are not
+    asked.
+    """
+    if func is not PRIM_DEVICE or not shortcut_device_queries:
+        return None
+    t = args[0] if len(args) == 1 else None
+    if not isinstance(t, FakeTensor):
+        return None
+    return torch.device("meta") if t.fake_mode.in_kernel_invocation else t.fake_device
+
+
 def user_frame() -> str:
     """The innermost stack frame outside torch and asrfit, for error messages."""
     for frame in reversed(traceback.extract_stack(limit=40)):
@@ -79,4 +102,4 @@ def user_frame() -> str:
     return "<unknown>"
 
 
-__all__ = ["ValueTracker", "fake_with_value", "tensors_in", "user_frame"]
+__all__ = ["ValueTracker", "device_query", "fake_with_value", "tensors_in", "user_frame"]
