@@ -51,6 +51,8 @@ CHANGES = {
     "optimizer": {"setup": Setup(optimizer="adafactor")},
     "target": {"target": "cpu"},
     "steps": {"steps": 2},
+    "no optimizer step": {"optimizer_step": False},
+    "optimizer step alone": {"forward_backward": False},
 }
 
 

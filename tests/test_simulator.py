@@ -270,3 +270,45 @@ def test_device_queries_answered_in_the_outermost_mode_trace_the_same_step(
         assert a.flops == full.flops
         assert a.cost.rows == full.cost.rows
         assert a.traced_calls == full.traced_calls
+
+
+@pytest.mark.parametrize(
+    ("family", "precision", "freeze"),
+    [("wav2vec2", "fp16", True), ("wav2vec2", "fp32", False), ("whisper", "pure_bf16", False)],
+)
+def test_the_optimizer_step_alone_is_the_full_steps_optimizer_phase(
+    family: str, precision: str, freeze: bool
+) -> None:
+    """The planner's optimizer-state traces skip forward and backward: each trainable parameter
+    gets a gradient of its own shape, as backward leaves it. The optimizer phase's peak, the
+    state, the parameters and the optimizer's kernel rows must be the full step's."""
+    import transformers
+
+    if family == "wav2vec2":
+        cfg = transformers.Wav2Vec2Config(
+            vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_prob=0.3,
+            mask_time_length=2,
+        )  # fmt: skip
+        cfg.architectures, shape = ["Wav2Vec2ForCTC"], BatchShape(1, 16_000, 1)
+    else:
+        cfg = transformers.WhisperConfig(
+            vocab_size=1024, d_model=32, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+            decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=50,
+            max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            decoder_start_token_id=1,
+        )  # fmt: skip
+        cfg.architectures, shape = ["WhisperForConditionalGeneration"], BatchShape(1, 100, 1)
+    for optimizer in ("adamw", "adafactor", "adamw8bit"):
+        setup = Setup(precision=precision, optimizer=optimizer, freeze_feature_encoder=freeze)
+        full = simulate_step(hf_adapter(cfg), shape, setup, steps=1)
+        alone = simulate_step(hf_adapter(cfg), shape, setup, steps=1, forward_backward=False)
+        assert alone.phase_peaks_bytes["optimizer"] == full.phase_peaks_bytes["optimizer"]
+        assert alone.phase_peaks_bytes.get("zero_grad") == full.phase_peaks_bytes.get("zero_grad")
+        assert alone.optimizer_state_bytes == full.optimizer_state_bytes > 0
+        assert alone.breakdown_bytes["parameters"] == full.breakdown_bytes["parameters"]
+        phases = ("optimizer", "zero_grad")
+        assert alone.cost.select(phases).rows == full.cost.select(phases).rows
+        assert "forward" not in alone.phase_peaks_bytes and alone.flops == 0

@@ -95,6 +95,7 @@ def cache_key(
     target: str,
     steps: int,
     optimizer_step: bool = True,
+    forward_backward: bool = True,
 ) -> str:
     """A stable hash of a simulation's inputs and the library versions."""
     import torch
@@ -111,6 +112,8 @@ def cache_key(
     }
     if not optimizer_step:  # simulate_step(..., optimizer_step=False)
         inputs["optimizer_step"] = False
+    if not forward_backward:  # simulate_step(..., forward_backward=False)
+        inputs["forward_backward"] = False
     if target == "cpu":
         inputs["cpu_scratch"] = CPU_SCRATCH_RULES_VERSION  # CPU traces add kernel scratch
         # measured on this CPU (asrfit.memory.cpu_kernels), with this many threads

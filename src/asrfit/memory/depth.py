@@ -169,6 +169,7 @@ def scaled_step(
     min_saving: int = 2,
     worth: float = 0.0,
     optimizer_step: bool = True,
+    forward_backward: bool = True,
 ) -> StepMemory:
     """:func:`asrfit.memory.simulate.simulate_step` from traces at reduced depths.
 
@@ -199,15 +200,27 @@ def scaled_step(
     total = sum(sum(d) for d in design)
     if not n or sum(real) - traced < min_saving or sum(real) < worth * total:
         step = simulate_step(
-            adapter, batch, setup, target=target, steps=steps, optimizer_step=optimizer_step
+            adapter,
+            batch,
+            setup,
+            target=target,
+            steps=steps,
+            optimizer_step=optimizer_step,
+            forward_backward=forward_backward,
         )
         step.assumptions.append("depth: full trace (no repeated layers to scale)")
         return step
-    memo = (id(adapter), repr(setup))
+    memo = (id(adapter), repr(setup), forward_backward)
     if memo in _WHOLE_CHEAPER:
         reduced, whole = _WHOLE_CHEAPER[memo][1:]
         step = simulate_step(
-            adapter, batch, setup, target=target, steps=steps, optimizer_step=optimizer_step
+            adapter,
+            batch,
+            setup,
+            target=target,
+            steps=steps,
+            optimizer_step=optimizer_step,
+            forward_backward=forward_backward,
         )
         step.assumptions.append(
             f"depth: full trace (the reduced traces made {reduced:,} kernel calls, the full "
@@ -228,6 +241,7 @@ def scaled_step(
                 prune=prune,
                 detail=detail,
                 optimizer_step=optimizer_step,
+                forward_backward=forward_backward,
             )
 
     runs, details = [], []
@@ -251,7 +265,13 @@ def scaled_step(
         step = _extrapolate(runs, details, design, real, keys, tolerance)
     except Nonlinear as e:
         step = simulate_step(
-            adapter, batch, setup, target=target, steps=steps, optimizer_step=optimizer_step
+            adapter,
+            batch,
+            setup,
+            target=target,
+            steps=steps,
+            optimizer_step=optimizer_step,
+            forward_backward=forward_backward,
         )
         step.assumptions.append(f"depth: full trace ({e} is not linear in the layer count)")
         step.trace_seconds += sum(r.trace_seconds for r in runs)

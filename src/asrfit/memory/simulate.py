@@ -286,6 +286,7 @@ def simulate_step(
     detail: dict | None = None,
     sample_lattice: bool = True,
     optimizer_step: bool = True,
+    forward_backward: bool = True,
 ) -> StepMemory:
     """Trace ``steps`` training steps on fake tensors and report the last step's peak.
 
@@ -309,6 +310,10 @@ def simulate_step(
             diagonals (:mod:`asrfit.memory.lattice`); False traces every diagonal.
         optimizer_step: False skips the optimizer step (the gradients are dropped after the
             backward pass), for callers that read only the forward and backward phases.
+        forward_backward: False skips the inputs, forward and backward: each trainable
+            parameter gets a gradient of its own shape and layout, what backward leaves, and
+            the optimizer step runs on them; for callers that read only the optimizer phase
+            and the model states, which do not depend on the batch.
 
     Returns:
         The peak and its breakdown by category.
@@ -343,31 +348,12 @@ def simulate_step(
             for step in range(1, steps + 1):
                 tracker.step = step
                 flops_before_last = tracker.flops
-                with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
-                    inputs = adapter.make_inputs(batch, tracker)
-                    tracker.register(inputs, "inputs")
-                with _phase(tracker, "forward"), _autocast(setup):
-                    loss = adapter.loss(model, inputs)
-                with _phase(tracker, "backward"):
-                    if setup.precision is Precision.FP16:
-                        # GradScaler: scale the loss, then unscale the grads in place. Its
-                        # inf check calls .item() on data, so its ops are replayed here.
-                        scale = torch.full((), 65536.0)
-                        scaled = loss.float() * scale
-                        with plain_accumulation(tracker, [scaled]):
-                            scaled.backward()
-                        del scaled
-                    else:
-                        with plain_accumulation(tracker, [loss]):
-                            loss.backward()
-                    if lattice is not None:
-                        lattice.release()
-                    tracker.release_saved_scalars()
-                    grads = [p.grad for p in params if p.grad is not None]
-                    tracker.retag(grads, "gradients")
-                    if setup.precision is Precision.FP16:
-                        torch._foreach_mul_(grads, 1.0 / 65536.0)
-                del loss, inputs
+                if forward_backward:
+                    grads = _forward_backward(
+                        adapter, model, batch, setup, tracker, lattice, params
+                    )
+                else:  # what backward leaves, alone
+                    grads = _gradients_alone(params, setup, tracker)
                 if not optimizer_step:  # forward/backward only: drop the gradients
                     with _phase(tracker, "zero_grad"):
                         optimizer.zero_grad(set_to_none=True)
@@ -423,6 +409,58 @@ def simulate_step(
         cost=counter.cost(steps),
         traced_calls=counter.traced.get(steps, 0),
     )
+
+
+def _forward_backward(
+    adapter: StepAdapter,
+    model: nn.Module,
+    batch: BatchShape,
+    setup: Setup,
+    tracker: StorageTracker,
+    lattice: Any,
+    params: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """Inputs, forward, loss and backward of one step; the gradients it leaves."""
+    with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
+        inputs = adapter.make_inputs(batch, tracker)
+        tracker.register(inputs, "inputs")
+    with _phase(tracker, "forward"), _autocast(setup):
+        loss = adapter.loss(model, inputs)
+    with _phase(tracker, "backward"):
+        if setup.precision is Precision.FP16:
+            # GradScaler: scale the loss, then unscale the grads in place. Its
+            # inf check calls .item() on data, so its ops are replayed here.
+            scale = torch.full((), 65536.0)
+            scaled = loss.float() * scale
+            with plain_accumulation(tracker, [scaled]):
+                scaled.backward()
+            del scaled
+        else:
+            with plain_accumulation(tracker, [loss]):
+                loss.backward()
+        if lattice is not None:
+            lattice.release()
+        tracker.release_saved_scalars()
+        grads = [p.grad for p in params if p.grad is not None]
+        tracker.retag(grads, "gradients")
+        if setup.precision is Precision.FP16:
+            torch._foreach_mul_(grads, 1.0 / 65536.0)
+    del loss, inputs
+    return grads
+
+
+def _gradients_alone(
+    params: list[torch.Tensor], setup: Setup, tracker: StorageTracker
+) -> list[torch.Tensor]:
+    """One gradient per trainable parameter, as backward leaves them (loss scale undone)."""
+    with _phase(tracker, "backward"):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        tracker.retag(grads, "gradients")
+        if setup.precision is Precision.FP16:
+            torch._foreach_mul_(grads, 1.0 / 65536.0)
+    return grads
 
 
 def _state_tensors(optimizer: Any, target: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -177,9 +177,16 @@ class CostEstimator:
         self._time_points: dict[tuple, list[tuple[int, int, int, StepCost]]] = {}
 
     def _simulate(
-        self, batch: BatchShape, setup: Setup, what: str, optimizer_step: bool = True
+        self,
+        batch: BatchShape,
+        setup: Setup,
+        what: str,
+        optimizer_step: bool = True,
+        forward_backward: bool = True,
     ) -> StepMemory:
-        key = cache_key(self.model_key, batch, setup, self.target, 1, optimizer_step)
+        key = cache_key(
+            self.model_key, batch, setup, self.target, 1, optimizer_step, forward_backward
+        )
 
         def compute() -> StepMemory:
             self.simulations += 1
@@ -194,6 +201,7 @@ class CostEstimator:
                     steps=1,
                     worth=DEPTH_WORTH,
                     optimizer_step=optimizer_step,
+                    forward_backward=forward_backward,
                 )
             return simulate_step(
                 self.adapter,
@@ -202,6 +210,7 @@ class CostEstimator:
                 target=self.target,
                 steps=1,
                 optimizer_step=optimizer_step,
+                forward_backward=forward_backward,
             )
 
         if key not in self._memo:
@@ -312,8 +321,13 @@ class CostEstimator:
                 optimizer=setup.optimizer,
                 freeze_feature_encoder=setup.freeze_feature_encoder,
             )
+            # the optimizer phase's peak and the model states do not depend on the batch:
+            # traced on the gradients backward leaves, without a forward and backward pass
             self._optimizer[key] = self._simulate(
-                BatchShape(1, self.min_input_length, 1), base, f"{setup.optimizer.value} state"
+                BatchShape(1, self.min_input_length, 1),
+                base,
+                f"{setup.optimizer.value} state",
+                forward_backward=False,
             )
         return self._optimizer[key]
 
