@@ -3,7 +3,8 @@
 Shared by :mod:`asrfit.memory.tracker` (which keeps the values), :mod:`asrfit.memory.datadep`
 (which reads them in data-dependent ops) and :mod:`asrfit.memory.adapters` (which declares
 the batch's lengths, masks and labels). It imports nothing else of asrfit, so those three
-never import each other in a circle.
+never import each other in a circle. Also what every dispatch mode of a trace needs first:
+the tensors in an op's arguments, and the answer to a fake tensor's device query.
 """
 
 from __future__ import annotations
