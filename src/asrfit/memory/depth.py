@@ -182,6 +182,18 @@ def scaled_step(
     step of the same adapter and setup.
     """
     setup = setup or Setup()
+
+    def full_trace() -> StepMemory:  # where scaling does not apply
+        return simulate_step(
+            adapter,
+            batch,
+            setup,
+            target=target,
+            steps=steps,
+            optimizer_step=optimizer_step,
+            forward_backward=forward_backward,
+        )
+
     full = full_layout(adapter, batch, setup, target)
     groups = full.groups
     # A group of 3 or more layers is a variable, traced at ``b`` and ``b + 1`` layers (and
@@ -199,29 +211,13 @@ def scaled_step(
     fixed = {k: c for k, c in counts.items() if k not in keys}
     total = sum(sum(d) for d in design)
     if not n or sum(real) - traced < min_saving or sum(real) < worth * total:
-        step = simulate_step(
-            adapter,
-            batch,
-            setup,
-            target=target,
-            steps=steps,
-            optimizer_step=optimizer_step,
-            forward_backward=forward_backward,
-        )
+        step = full_trace()
         step.assumptions.append("depth: full trace (no repeated layers to scale)")
         return step
     memo = (id(adapter), repr(setup), forward_backward)
     if memo in _WHOLE_CHEAPER:
         reduced, whole = _WHOLE_CHEAPER[memo][1:]
-        step = simulate_step(
-            adapter,
-            batch,
-            setup,
-            target=target,
-            steps=steps,
-            optimizer_step=optimizer_step,
-            forward_backward=forward_backward,
-        )
+        step = full_trace()
         step.assumptions.append(
             f"depth: full trace (the reduced traces made {reduced:,} kernel calls, the full "
             f"model {whole:,})"
@@ -264,15 +260,7 @@ def scaled_step(
     try:
         step = _extrapolate(runs, details, design, real, keys, tolerance)
     except Nonlinear as e:
-        step = simulate_step(
-            adapter,
-            batch,
-            setup,
-            target=target,
-            steps=steps,
-            optimizer_step=optimizer_step,
-            forward_backward=forward_backward,
-        )
+        step = full_trace()
         step.assumptions.append(f"depth: full trace ({e} is not linear in the layer count)")
         step.trace_seconds += sum(r.trace_seconds for r in runs)
         return step
