@@ -9,7 +9,9 @@ and checks that the optimizer phase's peak, the state, the parameters and the op
 kernel rows are the same.
 
 Run: ``PYTHONPATH=src python bench/optimizer_alone.py [--models wav2vec2-base whisper-small
-parakeet-tdt-0.6b-v2]``. CPU seconds are this process's own, per trace.
+parakeet-tdt-0.6b-v2] [--scaled]``; ``--scaled`` traces through ``scaled_step`` as the planner
+does (repeated layers at reduced depth where that is worth it: XLS-R-1B). CPU seconds are this
+process's own, per trace.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import logging
 import time
 
 from asrfit.memory.adapters import BatchShape
+from asrfit.memory.depth import scaled_step
 from asrfit.memory.report import resolve_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.plan.costs import DEPTH_WORTH
 
 # (precision, input length of about 1 s as the planner's tiny shape: samples, or mel frames;
 # Whisper's encoder takes 30 s)
@@ -30,6 +34,7 @@ CASES = {
     "whisper-small": ("bf16", 3_000),
     "parakeet-tdt-0.6b-v2": ("bf16", 100),
     "xls-r-300m": ("bf16", 16_000),
+    "xls-r-1b": ("bf16", 16_000),
 }
 PHASES = ("optimizer", "zero_grad")
 
@@ -50,8 +55,12 @@ def main() -> None:
     parser.add_argument(
         "--models", nargs="+", default=["wav2vec2-base", "whisper-small", "parakeet-tdt-0.6b-v2"]
     )
+    parser.add_argument("--scaled", action="store_true", help="trace as the planner does")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
+    trace = (
+        (lambda *a, **k: scaled_step(*a, worth=DEPTH_WORTH, **k)) if args.scaled else simulate_step
+    )
     print(
         "| model | precision | optimizer | full step CPU s | optimizer alone CPU s | optimizer-phase peak MiB | same |"
     )
@@ -64,9 +73,9 @@ def main() -> None:
         for optimizer in ("adamw", "adafactor", "adamw8bit"):
             setup = Setup(precision=precision, optimizer=optimizer)
             started = time.process_time()
-            full = simulate_step(adapter, shape, setup, steps=1)
+            full = trace(adapter, shape, setup, steps=1)
             middle = time.process_time()
-            alone = simulate_step(adapter, shape, setup, steps=1, forward_backward=False)
+            alone = trace(adapter, shape, setup, steps=1, forward_backward=False)
             ended = time.process_time()
             print(
                 f"| {name} | {precision} | {optimizer} | {middle - started:.2f} | "

@@ -183,7 +183,7 @@ def scaled_step(
     """
     setup = setup or Setup()
 
-    def full_trace() -> StepMemory:  # where scaling does not apply
+    def run(**reduced: Any) -> StepMemory:  # with no arguments: the full trace
         return simulate_step(
             adapter,
             batch,
@@ -192,6 +192,7 @@ def scaled_step(
             steps=steps,
             optimizer_step=optimizer_step,
             forward_backward=forward_backward,
+            **reduced,
         )
 
     full = full_layout(adapter, batch, setup, target)
@@ -211,13 +212,13 @@ def scaled_step(
     fixed = {k: c for k, c in counts.items() if k not in keys}
     total = sum(sum(d) for d in design)
     if not n or sum(real) - traced < min_saving or sum(real) < worth * total:
-        step = full_trace()
+        step = run()
         step.assumptions.append("depth: full trace (no repeated layers to scale)")
         return step
     memo = (id(adapter), repr(setup), forward_backward)
     if memo in _WHOLE_CHEAPER:
         reduced, whole = _WHOLE_CHEAPER[memo][1:]
-        step = full_trace()
+        step = run()
         step.assumptions.append(
             f"depth: full trace (the reduced traces made {reduced:,} kernel calls, the full "
             f"model {whole:,})"
@@ -227,18 +228,7 @@ def scaled_step(
 
     def trace(counts: dict[str, int], depths: dict[str, int], detail: dict) -> StepMemory:
         with config_values([(*fields[k], v) for k, v in depths.items()]):
-            prune = _pruner(counts, full, depths)
-            return simulate_step(
-                adapter,
-                batch,
-                setup,
-                target=target,
-                steps=steps,
-                prune=prune,
-                detail=detail,
-                optimizer_step=optimizer_step,
-                forward_backward=forward_backward,
-            )
+            return run(prune=_pruner(counts, full, depths), detail=detail)
 
     runs, details = [], []
     built = "at reduced depth" if fields else "whole (no config attribute sets a stack's depth)"
@@ -260,7 +250,7 @@ def scaled_step(
     try:
         step = _extrapolate(runs, details, design, real, keys, tolerance)
     except Nonlinear as e:
-        step = full_trace()
+        step = run()
         step.assumptions.append(f"depth: full trace ({e} is not linear in the layer count)")
         step.trace_seconds += sum(r.trace_seconds for r in runs)
         return step
