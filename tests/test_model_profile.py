@@ -421,3 +421,17 @@ def test_build_model_under_fake_tensor_mode(name):
         expected.total_params,
         expected.trainable_params,
     )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [("float32", torch.float32), ("bfloat16", torch.bfloat16), (torch.float16, torch.float16)],
+)
+def test_build_model_takes_a_dtype_or_its_name(dtype, expected):
+    model = build_model("conformer-ctc-tiny", dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {expected}
+
+
+def test_build_model_names_a_dtype_name_that_is_none():
+    with pytest.raises(ConfigError, match="'float33'"):
+        build_model("conformer-ctc-tiny", dtype="float33")

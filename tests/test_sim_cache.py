@@ -94,6 +94,8 @@ def test_library_versions_change_the_key(module: str, monkeypatch: pytest.Monkey
     before = _key()
     if module == "transformers":  # its installed distribution's version, read without importing it
         monkeypatch.setattr(cache, "_transformers_version", lambda: "999.0.0")
+    elif module == "torch":  # the same: a warm plan imports no torch
+        monkeypatch.setattr(cache, "_torch_version", lambda: "999.0.0")
     else:
         monkeypatch.setattr(importlib.import_module(module), "__version__", "999.0.0")
     assert _key() != before

@@ -171,3 +171,34 @@ def test_deferred_adapter_traces_like_the_eager_one(
     assert (a.peak_bytes, a.breakdown_bytes, a.flops) == (b.peak_bytes, b.breakdown_bytes, b.flops)
     assert deferred.supports_checkpointing == eager.supports_checkpointing
     assert deferred.config.to_dict() == eager.config.to_dict()
+
+
+BUNDLED_PLAN = """
+import json, sys
+from asrfit.plan.search import plan
+from asrfit.profiles.dataset import DatasetProfile
+from asrfit.profiles.hardware import HardwareProfile
+p = plan(HardwareProfile.from_name("T4"), DatasetProfile.from_manifest(sys.argv[1]), sys.argv[2])
+print("RESULT " + json.dumps({
+    "plan": p.to_dict(),
+    "torch": sorted(m for m in ("torch", "transformers") if m in sys.modules),
+}))
+"""
+
+
+def test_a_warm_plan_of_a_bundled_name_imports_no_torch(tmp_path: Path) -> None:
+    """The simulation cache holds torch-free results (asrfit.memory.step, .roofline): a warm
+    plan reads and times them without importing torch (1.3 s of a 2 s warm plan)."""
+    rows = [
+        {"audio_filepath": f"{i}.wav", "duration": 1.0 + 0.5 * i, "text": "ab " * (2 + i)}
+        for i in range(12)
+    ]
+    manifest = write_manifest(tmp_path / "train.jsonl", rows)
+    args = [str(manifest), "conformer-ctc-tiny"]
+    cold = _run(BUNDLED_PLAN, args, tmp_path / "cache")
+    warm = _run(BUNDLED_PLAN, args, tmp_path / "cache")
+    assert cold["torch"] == ["torch", "transformers"]  # the cold plan traced steps
+    assert warm["torch"] == []
+    for run in (cold, warm):  # host RAM is read afresh by each run and quoted in the reasons
+        run["plan"]["data"].pop("reasons")
+    assert warm["plan"] == cold["plan"]

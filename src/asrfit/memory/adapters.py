@@ -9,7 +9,6 @@ code (CTC, ``attention_mask.sum()``) sees true values.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,13 +16,15 @@ from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from asrfit.errors import ShapeError, UnsupportedModelError
+from asrfit.memory.step import (  # noqa: F401  (re-exported: their old home)
+    SUPPORTED_FAMILIES,
+    BatchShape,
+    DeferredAdapter,
+    StepAdapter,
+)
 from asrfit.memory.tracker import StorageTracker
 from asrfit.memory.values import fake_with_value
-from asrfit.profiles.registry import FAMILIES
-from asrfit.utils.serialization import JsonDataclass
 
-# every family the registry knows, except hand-written "custom" models (simulate_model)
-SUPPORTED_FAMILIES = tuple(f for f in FAMILIES if f != "custom")
 _CLASS_FAMILY = {
     "Wav2Vec2ForCTC": "wav2vec2",
     "HubertForCTC": "hubert",
@@ -33,81 +34,6 @@ _CLASS_FAMILY = {
     "ParakeetForTDT": "parakeet_tdt",
     "ConformerForCTC": "asrfit_conformer",
 }
-
-
-@dataclass(frozen=True)
-class BatchShape(JsonDataclass):
-    """A padded batch: ``batch_size`` utterances of ``input_length`` model-input steps.
-
-    ``input_length`` is in the model's input units: audio samples for waveform models,
-    feature frames for log-mel models. ``label_length`` is the padded label length (tokens).
-    """
-
-    batch_size: int
-    input_length: int
-    label_length: int
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "input_length", "label_length"):
-            if getattr(self, name) < 1:
-                raise ShapeError(f"BatchShape.{name}={getattr(self, name)!r}: must be at least 1.")
-
-
-@dataclass
-class StepAdapter:
-    """How to run one training step of a model family.
-
-    Attributes:
-        name: Model name for reports.
-        build: Builds the module under the active (fake) mode.
-        make_inputs: ``(shape, tracker) -> kwargs`` for the module's forward.
-        loss: ``(module, kwargs) -> scalar loss``.
-        supports_checkpointing: Whether ``gradient_checkpointing_enable`` exists.
-        output_frames: ``input_length -> encoder frames`` (for CTC shape checks), or None.
-        config: The config ``build`` reads at each call, or None: depth scaling builds at
-            reduced depth by lowering its layer counts for a build (:mod:`asrfit.memory.depth`).
-    """
-
-    name: str
-    build: Callable[[], nn.Module]
-    make_inputs: Callable[[BatchShape, StorageTracker], dict[str, Any]]
-    loss: Callable[[nn.Module, dict[str, Any]], torch.Tensor]
-    supports_checkpointing: bool = True
-    output_frames: Callable[[int], int] | None = None
-    config: Any = None
-
-
-_DEFERRED = frozenset(
-    ("build", "make_inputs", "loss", "supports_checkpointing", "output_frames", "config")
-)
-
-
-class DeferredAdapter(StepAdapter):
-    """A :class:`StepAdapter` made on first use of anything but its name.
-
-    A plan whose simulations are all cached reads only the name, so the model's config (and
-    transformers, 0.7 s to import) is never loaded; the first simulation makes the real
-    adapter with ``make`` and every later access reads it.
-    """
-
-    def __init__(self, name: str, make: Callable[[], StepAdapter]) -> None:  # noqa: D107
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "_make", make)
-        object.__setattr__(self, "_real", None)
-
-    def __getattribute__(self, attr: str) -> Any:
-        if attr in _DEFERRED:
-            real = object.__getattribute__(self, "_real")
-            if real is None:
-                real = object.__getattribute__(self, "_make")()
-                object.__setattr__(self, "_real", real)
-            return getattr(real, attr)
-        return object.__getattribute__(self, attr)
-
-    @property
-    def made(self) -> bool:
-        """Whether the real adapter was made."""
-        return object.__getattribute__(self, "_real") is not None
 
 
 def _labels(

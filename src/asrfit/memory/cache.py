@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from asrfit.errors import ConfigError
-from asrfit.memory.adapters import BatchShape
-from asrfit.memory.runtime import RUNTIME_VERSION
+from asrfit.memory.roofline import RUNTIME_VERSION
 from asrfit.memory.setup import Setup
-from asrfit.memory.simulate import StepMemory
+from asrfit.memory.step import BatchShape, StepMemory
 from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -67,25 +66,34 @@ def cache_dir() -> Path | None:
     return Path(value) if value else Path.home() / ".cache" / "asrfit" / "simulations"
 
 
-@functools.lru_cache(maxsize=1)
-def _transformers_version() -> str:
-    """transformers' installed version, read without importing it (0.7 s; a warm plan of a
-    bundled model imports none of it)."""
+def _installed_version(package: str) -> str:
+    """A package's installed version, read from its metadata without importing it."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("transformers")
+        return version(package)
     except PackageNotFoundError:
         return "none"
 
 
+@functools.lru_cache(maxsize=1)
+def _transformers_version() -> str:
+    """transformers' installed version (0.7 s to import; a warm plan of a bundled model
+    imports none of it)."""
+    return _installed_version("transformers")
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_version() -> str:
+    """torch's installed version (1.3 s to import; a warm plan imports none of it)."""
+    return _installed_version("torch")
+
+
 def _versions() -> list[str]:
     """The asrfit, torch and transformers versions (part of every key)."""
-    import torch
-
     from asrfit.version import __version__
 
-    return [__version__, torch.__version__, _transformers_version()]
+    return [__version__, _torch_version(), _transformers_version()]
 
 
 def cache_key(
@@ -98,8 +106,6 @@ def cache_key(
     forward_backward: bool = True,
 ) -> str:
     """A stable hash of a simulation's inputs and the library versions."""
-    import torch
-
     inputs: dict[str, object] = {
         "model": model_key,
         "batch": batch.to_dict(),
@@ -115,6 +121,8 @@ def cache_key(
     if not forward_backward:  # simulate_step(..., forward_backward=False)
         inputs["forward_backward"] = False
     if target == "cpu":
+        import torch  # a CPU target's traces depend on this CPU and its threads
+
         inputs["cpu_scratch"] = CPU_SCRATCH_RULES_VERSION  # CPU traces add kernel scratch
         # measured on this CPU (asrfit.memory.cpu_kernels), with this many threads
         inputs["cpu"] = [torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()]

@@ -45,7 +45,7 @@ from asrfit.memory.reduced import (
     layer_groups,
     layout,
 )
-from asrfit.memory.runtime import StepCost
+from asrfit.memory.roofline import StepCost
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
 

@@ -14,12 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asrfit.errors import UnsupportedModelError
-from asrfit.memory.adapters import SUPPORTED_FAMILIES, BatchShape, DeferredAdapter, StepAdapter
 from asrfit.memory.allocator import CudaPrediction, predict_cuda
-from asrfit.memory.generic import speech_adapter
-from asrfit.memory.runtime import seconds_by_kind, step_seconds
+from asrfit.memory.roofline import seconds_by_kind, step_seconds
 from asrfit.memory.setup import Setup
-from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.memory.step import (
+    SUPPORTED_FAMILIES,
+    BatchShape,
+    DeferredAdapter,
+    StepAdapter,
+    StepMemory,
+)
 from asrfit.memory.zero import shard_breakdown
 from asrfit.profiles.host import device_rates, host_rates
 from asrfit.utils.serialization import JsonDataclass
@@ -46,7 +50,7 @@ class MemoryReport(JsonDataclass):
         notes: What the prediction rests on.
         step_seconds: Predicted seconds of one optimizer step of this shape on the GPU
             (``gpu="cpu"``: this machine's CPU), from the per-op roofline of
-            :mod:`asrfit.memory.runtime`; None without a device.
+            :mod:`asrfit.memory.roofline`; None without a device.
         audio_seconds_per_second: Padded audio seconds trained per wall second
             (``batch_size x audio_seconds / step_seconds``), or None.
         step_seconds_by_kind: The predicted step split by op kind (matmul, conv, ...).
@@ -121,6 +125,8 @@ def resolve_adapter(model: Any, *, freeze_feature_encoder: bool = True) -> tuple
     name = model if isinstance(model, str) else profile.name
 
     def make() -> StepAdapter:
+        from asrfit.memory.generic import speech_adapter  # imports torch: at the first trace
+
         return speech_adapter(config(), freeze_feature_encoder=freeze_feature_encoder, name=name)
 
     return (DeferredAdapter(name, make) if bundled is not None else make()), profile
@@ -186,6 +192,8 @@ def simulate(
             max(1, round(seconds * 16000)),
             label_length or max(1, math.ceil(seconds * 15)),
         )
+    from asrfit.memory.simulate import simulate_step  # imports torch
+
     step = simulate_step(adapter, batch, setup, target=target)
     trainable = profile.trainable_params if profile is not None else 0
     breakdown, notes = shard_breakdown(step.breakdown_bytes, setup, trainable)

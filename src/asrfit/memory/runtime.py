@@ -19,46 +19,34 @@ for each op that runs a kernel:
 View ops (outputs that alias an input: ``view``, ``transpose``, ``expand``, ``slice`` ...)
 and ``empty`` allocations run no kernel and are not counted.
 
-:func:`step_seconds` turns those counts into seconds for a :class:`DeviceRates`: each op
-takes ``kernels x kernel_seconds + max(FLOPs / rate(kind, dtype), bytes / bandwidth)``,
-the roofline, where the rate is the device's matmul rate for matmuls and attention, its
-convolution rate for convolutions, and every other op is memory-bound at the bandwidth its
-kind reaches (:meth:`DeviceRates.bandwidth`).
+The counts are a :class:`~asrfit.memory.roofline.StepCost`; :mod:`asrfit.memory.roofline`
+(no torch: warm plans time cached costs without importing it) turns them into seconds.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from asrfit.memory.values import device_query, tensors_in
-from asrfit.profiles.rates import DeviceRates, runs_kernel
-from asrfit.utils.serialization import JsonDataclass
-
-KINDS = (
-    "matmul",
-    "activation",
-    "attention",
-    "conv",
-    "norm",
-    "softmax",
-    "loss",
-    "reduction",
-    "copy",
-    "elementwise",
-    "optimizer",
-    "random",
-    "module",
+from asrfit.memory.roofline import (  # noqa: F401  (re-exported: the roofline's old home)
+    GPU_FOREACH_TENSORS_PER_LAUNCH,
+    KINDS,
+    RUNTIME_VERSION,
+    STEP_PHASES,
+    StepCost,
+    arithmetic_seconds,
+    kernel_counts,
+    op_seconds,
+    seconds_by_kind,
+    step_seconds,
+    step_seconds_parts,
 )
-RUNTIME_VERSION = 6  # bump when the counts of OpCounter change (simulation cache key)
-STEP_PHASES = ("forward", "backward", "optimizer", "zero_grad")
-GPU_FOREACH_TENSORS_PER_LAUNCH = 48
+from asrfit.memory.values import device_query, tensors_in
+from asrfit.profiles.rates import runs_kernel
 
 _aten = torch.ops.aten
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "dot", "mv"}
@@ -148,45 +136,6 @@ def _cpu_attention_flops(name: str, args: tuple, out: Any) -> int:
     s = k.shape[-2]
     forward = 4 * b * h * length * s * d
     return int(forward * 2.5) if name.endswith("_backward") else forward
-
-
-@dataclass
-class StepCost(JsonDataclass):
-    """The kernels of one traced training step, device-independent.
-
-    Attributes:
-        rows: One row per distinct op cost: ``[phase, kind, dtype, flops, bytes, tensors,
-            count]``: the phase it ran in, its kind (:data:`KINDS`), compute dtype ("fp32",
-            "bf16", "fp16"), FLOPs and bytes moved by one call, tensors touched (kernels on a
-            CPU), and how many calls had exactly these figures. A row of kind "module"
-            counts ``nn.Module`` calls (0 FLOPs, 0 bytes, 0 tensors: no kernel).
-    """
-
-    rows: list[list] = field(default_factory=list)
-
-    @property
-    def flops(self) -> int:
-        """FLOPs of all rows."""
-        return sum(r[3] * r[6] for r in self.rows)
-
-    @property
-    def bytes_moved(self) -> int:
-        """Bytes read + written by all rows."""
-        return sum(r[4] * r[6] for r in self.rows)
-
-    @property
-    def calls(self) -> int:
-        """Op calls (kernels on a GPU, before foreach splitting); module calls not included."""
-        return sum(r[6] for r in self.rows if r[1] != "module")
-
-    @property
-    def module_calls(self) -> int:
-        """``nn.Module`` calls (rows of kind "module")."""
-        return sum(r[6] for r in self.rows if r[1] == "module")
-
-    def select(self, phases: tuple[str, ...]) -> StepCost:
-        """The rows of ``phases`` only (e.g. forward + backward, or the optimizer step)."""
-        return StepCost([list(r) for r in self.rows if r[0] in phases])
 
 
 class OpCounter(TorchDispatchMode):
@@ -279,96 +228,3 @@ class OpCounter(TorchDispatchMode):
         rows = [[*k, n] for k, n in self.counts.get(step, Counter()).items() if k[0] in phases]
         rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[5]))
         return StepCost(rows)
-
-
-def _kernels(tensors: int, rates: DeviceRates) -> float:
-    if tensors == 0:  # a module call: Python around kernels, no kernel of its own
-        return 0.0
-    if not rates.asynchronous:  # CPU: a foreach op loops over its tensors, one dispatch each
-        return float(tensors)
-    return float(math.ceil(tensors / GPU_FOREACH_TENSORS_PER_LAUNCH)) if tensors > 1 else 1.0
-
-
-def _device_seconds(row: list, rates: DeviceRates) -> float:
-    """Roofline seconds of the arithmetic and memory traffic of one call of a row."""
-    _, kind, dtype, flops, nbytes, _, _ = row
-    intensity = flops / nbytes if nbytes else None
-    if kind == "matmul":
-        compute = flops / rates.matmul_rate(dtype, intensity)
-    elif kind == "attention":
-        compute = flops / rates.attention_rate(dtype)
-    elif kind == "conv":
-        compute = flops / rates.conv_rate(dtype, intensity)
-    else:
-        compute = 0.0
-    return max(compute, nbytes / rates.bandwidth(kind, nbytes))
-
-
-def _host_seconds(row: list, rates: DeviceRates) -> float:
-    """Fixed cost of one call of a row (host work: Python, dispatch, autograd)."""
-    if row[1] == "module":
-        return rates.module_seconds
-    return _kernels(row[5], rates) * rates.fixed_seconds(row[0], row[1], row[2])
-
-
-def op_seconds(row: list, rates: DeviceRates) -> float:
-    """Seconds of one call of a :class:`StepCost` row, ``fixed + max(compute, memory)``.
-
-    On a GPU the fixed part is the launch gap; the forward ops' host cost is accounted
-    for the whole step in :func:`step_seconds`.
-    """
-    if rates.asynchronous:
-        return _kernels(row[5], rates) * rates.kernel_seconds + _device_seconds(row, rates)
-    return _host_seconds(row, rates) + _device_seconds(row, rates)
-
-
-def step_seconds(cost: StepCost, rates: DeviceRates) -> float:
-    """Predicted seconds of the kernels in ``cost`` on the device of ``rates``.
-
-    A CPU runs each op's fixed cost and its arithmetic one after the other: the sum of
-    :func:`op_seconds`. A GPU runs kernels while the host queues the next ones, so the
-    step takes the longer of device time (kernels with their launch gaps) and host time
-    (the per-kernel host costs).
-    """
-    device = sum(op_seconds(r, rates) * r[6] for r in cost.rows)
-    if not rates.asynchronous:
-        return device
-    host = sum(_host_seconds(r, rates) * r[6] for r in cost.rows)
-    return max(device, host)
-
-
-def step_seconds_parts(cost: StepCost, rates: DeviceRates) -> tuple[float, float | None, float]:
-    """``(fixed, host or None, arithmetic)`` seconds of the kernels in ``cost``.
-
-    ``fixed`` is the per-kernel cost on the device's critical path (a GPU's launch gaps, a
-    CPU's per-op cost), ``host`` a GPU's host-side per-kernel cost (None on a CPU) and
-    ``arithmetic`` the roofline part. :func:`step_seconds` is ``fixed + arithmetic`` on a
-    CPU and ``max(fixed + arithmetic, host)`` on a GPU. The per-kernel parts do not grow
-    with the batch; the arithmetic does.
-    """
-    arithmetic = arithmetic_seconds(cost, rates)
-    if not rates.asynchronous:
-        return sum(_host_seconds(r, rates) * r[6] for r in cost.rows), None, arithmetic
-    fixed = sum(_kernels(r[5], rates) * rates.kernel_seconds * r[6] for r in cost.rows)
-    host = sum(_host_seconds(r, rates) * r[6] for r in cost.rows)
-    return fixed, host, arithmetic
-
-
-def seconds_by_kind(cost: StepCost, rates: DeviceRates) -> dict[str, float]:
-    """Predicted seconds per op kind (see :data:`KINDS`), largest first."""
-    out: dict[str, float] = {}
-    for r in cost.rows:
-        out[r[1]] = out.get(r[1], 0.0) + op_seconds(r, rates) * r[6]
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
-def kernel_counts(cost: StepCost, rates: DeviceRates) -> tuple[float, float]:
-    """(forward kernels, other kernels) of ``cost`` as the device of ``rates`` runs them."""
-    forward = sum(_kernels(r[5], rates) * r[6] for r in cost.rows if r[0] == "forward")
-    other = sum(_kernels(r[5], rates) * r[6] for r in cost.rows if r[0] != "forward")
-    return forward, other
-
-
-def arithmetic_seconds(cost: StepCost, rates: DeviceRates) -> float:
-    """The roofline part alone (``max(compute, memory)`` per op, no per-kernel cost)."""
-    return sum(_device_seconds(r, rates) * r[6] for r in cost.rows)

@@ -17,7 +17,6 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,73 +29,12 @@ from asrfit.memory.engine import plain_accumulation, plain_composites
 from asrfit.memory.kernels import device_kernels
 from asrfit.memory.lattice import sample_transducer_loop
 from asrfit.memory.optimizers import make_optimizer
-from asrfit.memory.runtime import OpCounter, StepCost
+from asrfit.memory.runtime import OpCounter
 from asrfit.memory.scratch import scratch_rules
 from asrfit.memory.setup import Precision, Setup
+from asrfit.memory.step import CATEGORIES, StepMemory  # noqa: F401  (re-exported)
 from asrfit.memory.tracker import Block, StorageTracker, round_block
 from asrfit.models.checkpointing import checkpoint_first_layers
-from asrfit.utils.serialization import JsonDataclass
-
-CATEGORIES = (
-    "parameters",
-    "buffers",
-    "gradients",
-    "optimizer_state",
-    "inputs",
-    "activations",
-    "temporaries",
-)
-
-
-@dataclass
-class StepMemory(JsonDataclass):
-    """Peak memory of one steady-state training step, as traced on fake tensors.
-
-    Attributes:
-        model: Model name.
-        setup: The setup simulated (before ZeRO sharding, which is applied by formula).
-        batch: The padded batch shape.
-        target: Device whose kernels were followed ("cuda" or "cpu").
-        peak_bytes: Peak of live storage bytes, each rounded up to 512 bytes as the CUDA
-            caching allocator does (``torch.cuda.max_memory_allocated`` semantics, before
-            workspaces and the attention-kernel correction).
-        peak_raw_bytes: The same peak without rounding (what a CPU allocator sees).
-        breakdown_bytes: Category -> rounded bytes live at the peak; sums to ``peak_bytes``.
-        step_peaks_bytes: Rounded peak of each simulated step (the first lacks optimizer state).
-        peak_phase: Phase at the peak: forward, backward, optimizer or zero_grad.
-        largest_transient_bytes: Largest kernel workspace accounted inside one op.
-        peak_segment_bytes: CUDA allocator segment bytes holding the blocks live at the peak.
-        phase_peaks_bytes: Rounded peak of each phase of the last step (forward, backward,
-            optimizer, zero_grad), for cost models that separate batch-dependent phases.
-        optimizer_state_bytes: Optimizer state live after the last step (rounded).
-        flops: Floating-point operations of the last step's forward and backward
-            (``torch.utils.flop_counter``'s formulas on the same trace; includes checkpointing's recompute).
-        assumptions: Pessimistic rules used where values were unknowable.
-        trace_seconds: Wall time of the simulation.
-        cost: FLOPs and bytes of every kernel of the last step (forward, backward, optimizer
-            step, zero_grad), for the step-time model (:mod:`asrfit.memory.runtime`).
-        traced_calls: Kernel calls the trace of the last step made; fewer than ``cost``
-            counts where one traced call stands for many (:mod:`asrfit.memory.lattice`).
-    """
-
-    model: str
-    setup: Setup
-    batch: BatchShape
-    target: str
-    peak_bytes: int
-    peak_raw_bytes: int
-    breakdown_bytes: dict[str, int]
-    step_peaks_bytes: list[int]
-    peak_phase: str
-    largest_transient_bytes: int = 0
-    peak_segment_bytes: int = 0
-    phase_peaks_bytes: dict[str, int] = field(default_factory=dict)
-    optimizer_state_bytes: int = 0
-    flops: int = 0
-    assumptions: list[str] = field(default_factory=list)
-    trace_seconds: float = 0.0
-    cost: StepCost = field(default_factory=StepCost)
-    traced_calls: int = 0
 
 
 def _category(block: Block) -> str:

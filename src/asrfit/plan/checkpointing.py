@@ -25,13 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
 from asrfit.errors import ConfigError
 from asrfit.memory.cache import cached_model_fact
 from asrfit.memory.costmodel import PeakModel, lerp_models
 from asrfit.memory.setup import Setup
-from asrfit.models.checkpointing import encoder_layer_count
 from asrfit.plan.costs import SetupCosts
 from asrfit.plan.speed import set_step_time_fit, step_time_fit
 
@@ -52,6 +49,10 @@ def encoder_layers_of(adapter: Any, config: dict[str, Any] | None = None) -> int
     """
 
     def count() -> int:
+        import torch  # builds on the meta device: only when the count is not cached
+
+        from asrfit.models.checkpointing import encoder_layer_count
+
         try:
             with torch.device("meta"):
                 model = adapter.build()

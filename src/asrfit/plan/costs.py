@@ -20,15 +20,30 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.allocator import peak_within, reserved_bytes
 from asrfit.memory.cache import cache_key, cached
 from asrfit.memory.costmodel import PeakModel, fit_peak_model
-from asrfit.memory.depth import scaled_step
-from asrfit.memory.runtime import StepCost
+from asrfit.memory.roofline import StepCost
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
-from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.memory.step import BatchShape, StepAdapter, StepMemory
 from asrfit.memory.zero import shard_breakdown
+
+
+# The tracing code imports torch (1.3 s): it is imported at the first trace, so that a plan
+# whose simulations are all cached never imports it. Module attributes, so that benches and
+# tests can count or replace them.
+def simulate_step(*args: Any, **kwargs: Any) -> StepMemory:
+    """:func:`asrfit.memory.simulate.simulate_step`."""
+    from asrfit.memory.simulate import simulate_step as trace
+
+    return trace(*args, **kwargs)
+
+
+def scaled_step(*args: Any, **kwargs: Any) -> StepMemory:
+    """:func:`asrfit.memory.depth.scaled_step`."""
+    from asrfit.memory.depth import scaled_step as trace
+
+    return trace(*args, **kwargs)
 
 
 @dataclass

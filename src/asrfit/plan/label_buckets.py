@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from asrfit.memory.costmodel import label_slopes, with_label_terms
-from asrfit.memory.runtime import step_seconds_parts
+from asrfit.memory.roofline import step_seconds_parts
 from asrfit.plan.bucketing import (
     BUCKET_COUNTS,
     BucketResult,

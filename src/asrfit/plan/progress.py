@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from typing import IO
 
-from asrfit.memory.adapters import BatchShape
 from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape
 
 
 class TraceProgress:

@@ -24,10 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asrfit.memory.adapters import BatchShape, hf_adapter
 from asrfit.memory.allocator import predict_cuda
 from asrfit.memory.setup import Setup
-from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 
 GIB = 2**30
 MIN_CHUNK_SECONDS = 1.0
@@ -37,6 +36,8 @@ def reserved_by_simulation(
     adapter: Any, batch: BatchShape, setup: Setup, architecture: str | None, expandable: bool
 ) -> int:
     """Predicted ``max_memory_reserved`` of a fresh two-step simulation (no fitted model)."""
+    from asrfit.memory.simulate import simulate_step  # imports torch: only when nothing fits
+
     step = simulate_step(adapter, batch, setup)
     return predict_cuda(
         step.peak_bytes,
@@ -146,6 +147,8 @@ def largest_conformer(
     def reserved(cfg: Any) -> int:
         if check is not None:
             return check(cfg)
+        from asrfit.memory.adapters import hf_adapter
+
         return reserved_by_simulation(hf_adapter(cfg), batch, setup, architecture, expandable)
 
     best: tuple[int, Any, int] | None = None

@@ -14,7 +14,7 @@
 5. Accumulation meets the target effective batch; data-side decisions follow host RAM.
 
 Throughput model (:mod:`asrfit.plan.speed`): each traced shape's kernels (FLOPs and bytes
-per op) are timed by the per-op roofline of :mod:`asrfit.memory.runtime` on the device's
+per op) are timed by the per-op roofline of :mod:`asrfit.memory.roofline` on the device's
 rates (a catalog GPU's peaks and bandwidth, or this CPU's measured figures,
 :mod:`asrfit.profiles.host`), fitted over batch and length, plus the optimizer step. Only a
 detected GPU missing from the catalog falls back to FLOPs at a stated MFU.
@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from asrfit.errors import AsrfitError, ConfigError
-from asrfit.memory.adapters import SUPPORTED_FAMILIES
 from asrfit.memory.allocator import CUDA_CONTEXT_BYTES
 from asrfit.memory.report import CHAR_LABELS_PER_SECOND, resolve_adapter
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
+from asrfit.memory.step import SUPPORTED_FAMILIES
 from asrfit.plan.bucketing import plan_buckets
 from asrfit.plan.checkpointing import MAX_LAYER_EVALUATIONS, choose_layers, encoder_layers_of
 from asrfit.plan.costs import (

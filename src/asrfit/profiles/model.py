@@ -25,10 +25,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-if TYPE_CHECKING:  # transformers is imported where needed (0.7 s; a warm plan needs none)
+if TYPE_CHECKING:  # torch and transformers are imported where needed (a warm plan needs neither)
+    import torch
+    from torch import nn
     from transformers import PretrainedConfig
 
 from asrfit.errors import ConfigError, UnsupportedModelError
@@ -60,6 +59,14 @@ def _is_config(value: Any) -> bool:
     return module is not None and isinstance(value, module.PretrainedConfig)
 
 
+def _is_module(value: Any) -> bool:
+    """Whether ``value`` is an ``nn.Module`` (without importing torch: none exists before)."""
+    import sys
+
+    module = sys.modules.get("torch")
+    return module is not None and isinstance(value, module.nn.Module)
+
+
 def family_of(model_or_config: Any) -> str:
     """Return the asrfit family of a model, config, config dict or profile.
 
@@ -72,7 +79,7 @@ def family_of(model_or_config: Any) -> str:
     """
     if isinstance(model_or_config, ModelProfile):
         return model_or_config.family
-    if isinstance(model_or_config, nn.Module):
+    if _is_module(model_or_config):
         config = getattr(model_or_config, "config", None)
         return family_of_config(config) if _is_config(config) else "custom"
     if _is_config(model_or_config) or isinstance(model_or_config, dict):
@@ -246,7 +253,7 @@ class ModelProfile(JsonDataclass):
             return spec
         if isinstance(spec, str):
             return cls.from_pretrained(spec, freeze_feature_encoder)
-        if isinstance(spec, nn.Module):
+        if _is_module(spec):
             return cls.from_module(spec)
         if _is_config(spec) or isinstance(spec, dict):
             return cls.from_config(spec, freeze_feature_encoder=freeze_feature_encoder)
@@ -302,13 +309,15 @@ class ModelProfile(JsonDataclass):
     # ------------------------------------------------------------------ use
 
     def build_model(
-        self, device: str | torch.device | None = "meta", dtype: torch.dtype | None = torch.float32
+        self,
+        device: str | torch.device | None = "meta",
+        dtype: torch.dtype | str | None = "float32",
     ) -> nn.Module:
         """Rebuild the profiled model (random init, no weights), freezing as it was profiled.
 
         Args:
             device: As in :func:`build_model` (Default: ``"meta"``).
-            dtype: As in :func:`build_model` (Default: ``torch.float32``).
+            dtype: As in :func:`build_model` (Default: ``"float32"``).
 
         Returns:
             The model.
