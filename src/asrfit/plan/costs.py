@@ -207,26 +207,15 @@ class CostEstimator:
             self.simulations += 1
             if self.progress is not None:
                 self.progress.started(batch, setup, what)
+            common = {
+                "target": self.target,
+                "steps": 1,
+                "optimizer_step": optimizer_step,
+                "forward_backward": forward_backward,
+            }
             if self.depth_scaling:  # a few layers per stack, scaled (full trace as fallback)
-                return scaled_step(
-                    self.adapter,
-                    batch,
-                    setup,
-                    target=self.target,
-                    steps=1,
-                    worth=DEPTH_WORTH,
-                    optimizer_step=optimizer_step,
-                    forward_backward=forward_backward,
-                )
-            return simulate_step(
-                self.adapter,
-                batch,
-                setup,
-                target=self.target,
-                steps=1,
-                optimizer_step=optimizer_step,
-                forward_backward=forward_backward,
-            )
+                return scaled_step(self.adapter, batch, setup, worth=DEPTH_WORTH, **common)
+            return simulate_step(self.adapter, batch, setup, **common)
 
         if key not in self._memo:
             self._memo[key] = cached(key, compute)
