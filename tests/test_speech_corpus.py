@@ -219,6 +219,8 @@ def test_cli_demo_data_speech_writes_four_splits(tmp_path: Path) -> None:
             "2",
             "--seed",
             "5",
+            "--lm-sentences",
+            "20",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -229,3 +231,11 @@ def test_cli_demo_data_speech_writes_four_splits(tmp_path: Path) -> None:
         "family": 2,
     }
     assert "family split" in result.output
+
+
+def test_cli_lm_sentences_default_is_the_library_default() -> None:
+    from asrfit.cli.demo import command
+    from asrfit.recipes.speech.corpus import LM_SENTENCES
+
+    option = next(p for p in command.params if p.name == "lm_sentences")
+    assert option.default == LM_SENTENCES

@@ -22,7 +22,7 @@ from asrfit.cli.render import console, print_json, rows_table
                    "and noise; dev/test use unseen voices and sentences, 'family' a held-out voice family.")
 @click.option("--workers", type=POSITIVE_INT, default=1, show_default=True,
               help="With --speech: rendering processes.")
-@click.option("--lm-sentences", type=click.IntRange(min=0), default=50_000, show_default=True,
+@click.option("--lm-sentences", type=click.IntRange(min=0), default=500_000, show_default=True,
               help="With --speech: text-only sentences (none in dev/test) written with the training "
                    "transcripts to lm_text.txt, for an n-gram language model.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing corpus in OUT_DIR.")
