@@ -83,6 +83,8 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/memory_accuracy.py --out docs/benchmarks.md
 	$(BIN)/python bench/sampler_efficiency.py --out docs/benchmarks.md
 	$(BIN)/python bench/plan_speed.py --out docs/benchmarks.md
+	$(BIN)/python bench/step_time_accuracy.py --out docs/benchmarks.md
+	$(BIN)/python bench/host_allocator.py --out docs/benchmarks.md
 	$(BIN)/python bench/profile_speed.py
 
 clean:

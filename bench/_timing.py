@@ -3,9 +3,11 @@
 :func:`time_case` simulates the case on fake tensors (its :class:`StepCost`), then runs the
 real step of ``bench/_grid.py`` (same model, inputs, optimizer and order as the simulator)
 ``warmup`` times unmeasured and ``steps`` times measured, and returns the median;
-:func:`time_cases` alternates the steps of several cases. The
+:func:`time_cases` alternates the steps of several cases of one architecture, group by
+group, in one or more rounds. The
 prediction is :func:`asrfit.memory.runtime.step_seconds` on the given rates. The 1-minute
-load average is read before and after the timed steps.
+load average is read before and after the timed steps. On the CPU, glibc keeps freed memory
+(:func:`asrfit.train.host_allocator.keep_freed_host_memory`), as ``asrfit train`` does there.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from asrfit.memory.optimizers import make_optimizer
 from asrfit.memory.runtime import StepCost, seconds_by_kind, step_seconds
 from asrfit.memory.simulate import simulate_step
 from asrfit.profiles.rates import DeviceRates
+from asrfit.train.host_allocator import keep_freed_host_memory
 
 
 @dataclass
@@ -72,31 +75,48 @@ def time_cases(
     device: str = "cpu",
     warmup: int = 2,
     steps: int = 7,
+    rounds: int = 1,
 ) -> list[Timed]:
-    """Simulate each case, then time their real steps round-robin (median of ``steps``).
+    """Simulate each case, then time their real steps (median over rounds of round medians).
 
-    The cases' steps alternate (case 1, 2, 3, 1, 2, 3, ...), so that a change of load on a
-    shared machine falls on all of them alike and comparisons between them stay fair.
+    Cases of one architecture form a group whose steps alternate (case 1, 2, 3, 1, 2, 3,
+    ...), so that a change of load falls on all of them alike and comparisons between them
+    stay fair; each group is timed on its own, after ``warmup`` unmeasured steps, as a
+    training run repeats one model (alternating dozens of models leaves every step's
+    weights and activations out of the caches: the same wavlm step took 25.8 ms there
+    against 11.5 ms alone). With ``rounds`` > 1 every group is timed again in each round,
+    so that a slow minute on a shared machine falls on one of a case's rounds, not on all.
     """
     target = "cuda" if device == "cuda" else "cpu"
+    if target == "cpu":
+        keep_freed_host_memory()
     sims = [simulate_step(hf_adapter(c.config()), c.batch, c.setup, target=target) for c in cases]
     gc.collect()
     runs = []
     for case in cases:
         model = _grid.build_real_model(case, device)
         optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
-        for i in range(warmup):
-            _grid._train_step(case, model, optimizer, device, i)
         runs.append((model, optimizer))
-    _sync(device)
+    groups: dict[str, list[int]] = {}
+    for j, case in enumerate(cases):
+        groups.setdefault(case.arch, []).append(j)
     load_before = os.getloadavg()[0]
     times: list[list[float]] = [[] for _ in cases]
-    for i in range(steps):
-        for j, (case, (model, optimizer)) in enumerate(zip(cases, runs, strict=True)):
-            started = time.perf_counter()
-            _grid._train_step(case, model, optimizer, device, warmup + i)
-            _sync(device)
-            times[j].append(time.perf_counter() - started)
+    medians: list[list[float]] = [[] for _ in cases]
+    counter = 0
+    for _ in range(rounds):
+        for members in groups.values():
+            for i in range(warmup + steps):
+                for j in members:
+                    case, (model, optimizer) = cases[j], runs[j]
+                    started = time.perf_counter()
+                    _grid._train_step(case, model, optimizer, device, counter + i)
+                    _sync(device)
+                    if i >= warmup:
+                        times[j].append(time.perf_counter() - started)
+            for j in members:
+                medians[j].append(statistics.median(times[j][-steps:]))
+            counter += warmup + steps
     load_after = os.getloadavg()[0]
     del runs
     return [
@@ -104,13 +124,13 @@ def time_cases(
             case=case,
             cost=sim.cost,
             predicted_seconds=step_seconds(sim.cost, rates),
-            measured_seconds=statistics.median(ts),
+            measured_seconds=statistics.median(ms),
             steps_seconds=ts,
             load_before=load_before,
             load_after=load_after,
             by_kind=seconds_by_kind(sim.cost, rates),
         )
-        for case, sim, ts in zip(cases, sims, times, strict=True)
+        for case, sim, ts, ms in zip(cases, sims, times, medians, strict=True)
     ]
 
 

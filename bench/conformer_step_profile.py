@@ -5,7 +5,8 @@ Run: ``PYTHONPATH=src .venv/bin/python bench/conformer_step_profile.py --batch 8
 Simulates one step of conformer-ctc-tiny (fp32 AdamW, padded batch) and prints the
 step-time model's prediction by op kind (``asrfit.memory.runtime.seconds_by_kind``, this
 machine's rates at one thread), then times the real step (median of 7 after 3 warm-up) and
-lists the real step's largest ``torch.profiler`` self times, grouped by input shape.
+lists the real step's largest ``torch.profiler`` self times, grouped by input shape. glibc
+keeps freed memory, as in ``asrfit train`` on a CPU (:mod:`asrfit.train.host_allocator`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from asrfit.memory.simulate import simulate_step
 from asrfit.models.conformer.config import conformer_config
 from asrfit.models.conformer.modeling import ConformerForCTC
 from asrfit.profiles.host import host_rates
+from asrfit.train.host_allocator import keep_freed_host_memory
 
 
 def main() -> None:
@@ -35,6 +37,7 @@ def main() -> None:
     parser.add_argument("--labels", type=int, default=60)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    keep_freed_host_memory()  # as asrfit train does on a CPU
     b, t, u = args.batch, args.frames, args.labels
     adapter, _ = resolve_adapter("conformer-ctc-tiny")
     sim = simulate_step(adapter, BatchShape(b, t, u), Setup(optimizer="adamw"), target="cpu")

@@ -8,7 +8,9 @@ peak of k = ``--budget-k``; at that budget k = 0 does not fit and the smallest k
 is the one that recomputes least (at one batch, the fastest). Then the real steps of that k
 and of every layer checkpointed run side by side in one process (alternating, after a
 warm-up), and the real peak of the chosen k is counted at the CPU allocator
-(``bench/_truth.py``) and compared with the prediction.
+(``bench/_truth.py``) and compared with the prediction. As in ``asrfit train`` on a CPU,
+glibc keeps freed memory (:mod:`asrfit.train.host_allocator`), so neither setup pays each
+step for the kernel to map its activations afresh.
 
     PYTHONPATH=src python bench/partial_checkpointing.py --out docs/benchmarks.md
 """
@@ -35,6 +37,7 @@ from asrfit.memory.optimizers import make_optimizer  # noqa: E402
 from asrfit.memory.setup import Setup  # noqa: E402
 from asrfit.memory.simulate import _build, simulate_step  # noqa: E402
 from asrfit.models.conformer import conformer_config  # noqa: E402
+from asrfit.train.host_allocator import keep_freed_host_memory  # noqa: E402
 
 MIB = 2**20
 
@@ -102,6 +105,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_host_memory()
     L = args.layers
 
     def config():  # a fresh config per model (the simulator and real runs must not share one)

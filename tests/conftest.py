@@ -21,6 +21,15 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory):
     os.environ.pop("ASRFIT_CACHE_DIR", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _default_malloc():
+    """The trainer's glibc setting (keep freed memory) is process-wide and cannot be undone, so
+    in the test process (and its subprocesses) malloc keeps its defaults and memory tests see
+    what they free; ``tests/test_host_allocator.py`` checks the setting in subprocesses."""
+    os.environ.setdefault("ASRFIT_HOST_MALLOC", "default")
+    yield
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Run a module on one torch thread: tiny models run many times faster on one thread than

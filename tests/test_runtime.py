@@ -165,6 +165,24 @@ def test_rate_curves_interpolate_log_log_and_stay_flat_beyond_the_ends() -> None
     assert step_seconds(StepCost([row]), rates) == pytest.approx(2e-5 + 10**8 / 1e10)
 
 
+def test_a_kind_with_its_own_bandwidth_curve_is_not_scaled_by_adds() -> None:
+    # add streams 4x faster in cache (1 MB) than at the reference size; a dropout mask's
+    # generator does not: its own curve is flat, and it is read as measured
+    from asrfit.profiles.rates import BANDWIDTH_BYTES
+
+    rates = _cpu_rates(
+        kind_bytes_per_second={"random": 1e9, "norm": 5e9},
+        rate_curves={
+            "bandwidth": {"fp32": [[1e6, 8e9], [BANDWIDTH_BYTES, 2e9]]},
+            "bandwidth:random": {"fp32": [[1e6, 1.1e9], [BANDWIDTH_BYTES, 1e9]]},
+        },
+    )
+    assert rates.bandwidth("random", 1e6) == pytest.approx(1.1e9)
+    assert rates.bandwidth("random", 1e12) == pytest.approx(1e9)  # flat beyond the ends
+    assert rates.bandwidth("random") == 1e9  # no size: the single figure
+    assert rates.bandwidth("norm", 1e6) == pytest.approx(5e9 * 4)  # no own curve: add's ratio
+
+
 def test_module_calls_are_counted_once_per_call() -> None:
     model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, OUT))
     x = torch.randn(B, D)
@@ -389,3 +407,43 @@ def test_integer_index_arithmetic_costs_its_own_figure() -> None:
     cost = StepCost([["forward", "elementwise", "int", 0, 0, 1, 5]])
     assert step_seconds(cost, _cpu_rates(int_kernel_seconds=3e-6)) == pytest.approx(5 * 3e-6)
     assert step_seconds(cost, _cpu_rates()) == pytest.approx(5 * 2e-5)
+
+
+def test_a_cpu_attention_row_carries_its_shape_forward_and_backward() -> None:
+    # batch 3, 2 heads, 5 queries over 7 keys, head dim 4: the shape is read off q and k
+    q = torch.randn(3, 2, 5, 4, requires_grad=True)
+    k, v = torch.randn(3, 2, 7, 4, requires_grad=True), torch.randn(3, 2, 7, 4)
+    counter = OpCounter()
+    with counter:
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+    rows = [r for r in counter.cost().rows if r[1] == "attention"]
+    assert sorted(r[7] for r in rows) == [[6, 5, 7, 4, 0], [6, 5, 7, 4, 1]]
+    forward = next(r for r in rows if r[7][4] == 0)
+    assert forward[3] == 4 * 3 * 2 * 5 * 7 * 4  # 4 B H L S D
+    assert all(len(r) == 7 for r in counter.cost().rows if r[1] != "attention")
+
+
+def test_attention_calls_are_priced_at_their_shape() -> None:
+    # forward seconds of 8 heads: 1 ms at length 16 and 4 ms at 64 (dim 16), twice at dim 64
+    table = {
+        "forward": [[16.0, 16.0, 1e-3], [64.0, 16.0, 4e-3], [16.0, 64.0, 2e-3], [64.0, 64.0, 8e-3]],
+        "backward": [
+            [16.0, 16.0, 3e-3],
+            [64.0, 16.0, 6e-3],
+            [16.0, 64.0, 3e-3],
+            [64.0, 64.0, 6e-3],
+        ],
+    }
+    rates = _cpu_rates(attention_seconds={"bf16": table})
+    price = rates.attention_call_seconds
+    assert price("bf16", [8, 16, 16, 16, 0]) == pytest.approx(1e-3)
+    assert price("bf16", [8, 32, 32, 16, 0]) == pytest.approx(2e-3)  # log-log in length
+    assert price("bf16", [16, 64, 64, 16, 0]) == pytest.approx(8e-3)  # twice the heads
+    assert price("bf16", [8, 16, 64, 16, 0]) == pytest.approx(2e-3)  # at sqrt(L S)
+    assert price("bf16", [8, 128, 128, 16, 0]) == pytest.approx(16e-3)  # L^2 beyond
+    assert price("bf16", [8, 16, 16, 128, 0]) == pytest.approx(4e-3)  # D above: proportional
+    assert price("bf16", [8, 16, 16, 32, 1]) == pytest.approx(3e-3)
+    assert rates.attention_call_seconds("fp32", [8, 16, 16, 16, 0]) is None  # not measured
+    fixed = rates.fixed_seconds("forward", "attention", "bf16")
+    row = ["forward", "attention", "bf16", 10**6, 10**4, 1, 2, [8, 16, 16, 16, 0]]
+    assert step_seconds(StepCost([row]), rates) == pytest.approx(2 * (fixed + (1e-3 - fixed)))

@@ -330,8 +330,9 @@ def _extrapolate(
         raw = peak
     rows: dict[tuple, list[int]] = {}
     for j, r in enumerate(runs):
-        for row in r.cost.rows:
-            rows.setdefault(tuple(row[:6]), [0] * len(runs))[j] += row[6]
+        for row in r.cost.rows:  # an attention row carries its shape after the count
+            key = (*row[:6], tuple(row[7]) if len(row) > 7 else None)
+            rows.setdefault(key, [0] * len(runs))[j] += row[6]
     cost_rows = []
     # Rows whose count is not linear (a kernel over all parameters at once, whose size grows
     # with the depth): per (phase, kind, dtype), their totals, extrapolated as one row.
@@ -348,7 +349,7 @@ def _extrapolate(
                     totals[t][j] += f * n
             continue
         if c:
-            cost_rows.append([*key, c])
+            cost_rows.append([*key[:6], c, *([list(key[6])] if key[6] else [])])
     unscaled = []
     for key, totals in odd.items():
         # (the bytes of a few backward copies vary between two traces of the same step: where
@@ -362,7 +363,7 @@ def _extrapolate(
             cost_rows.extend(
                 list(r)
                 for r in runs[-1].cost.rows
-                if tuple(r[:3]) == key and tuple(r[:6]) in odd_keys
+                if tuple(r[:3]) == key and (*r[:6], tuple(r[7]) if len(r) > 7 else None) in odd_keys
             )
             continue
         if calls > 0:

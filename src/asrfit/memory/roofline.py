@@ -35,7 +35,7 @@ KINDS = (
     "random",
     "module",
 )
-RUNTIME_VERSION = 6  # bump when the counts of OpCounter change (simulation cache key)
+RUNTIME_VERSION = 7  # bump when the counts of OpCounter change (simulation cache key)
 STEP_PHASES = ("forward", "backward", "optimizer", "zero_grad")
 GPU_FOREACH_TENSORS_PER_LAUNCH = 48
 
@@ -49,7 +49,10 @@ class StepCost(JsonDataclass):
             count]``: the phase it ran in, its kind (:data:`KINDS`), compute dtype ("fp32",
             "bf16", "fp16"), FLOPs and bytes moved by one call, tensors touched (kernels on a
             CPU), and how many calls had exactly these figures. A row of kind "module"
-            counts ``nn.Module`` calls (0 FLOPs, 0 bytes, 0 tensors: no kernel).
+            counts ``nn.Module`` calls (0 FLOPs, 0 bytes, 0 tensors: no kernel). A CPU
+            flash-attention row has an eighth entry, its shape ``[batch x heads, query
+            length, key length, head dim, 1 if backward else 0]``, priced by
+            :meth:`~asrfit.profiles.rates.DeviceRates.attention_call_seconds`.
     """
 
     rows: list[list] = field(default_factory=list)
@@ -89,11 +92,14 @@ def _kernels(tensors: int, rates: DeviceRates) -> float:
 
 def _device_seconds(row: list, rates: DeviceRates) -> float:
     """Roofline seconds of the arithmetic and memory traffic of one call of a row."""
-    _, kind, dtype, flops, nbytes, _, _ = row
+    phase, kind, dtype, flops, nbytes = row[:5]
     intensity = flops / nbytes if nbytes else None
     if kind == "matmul":
         compute = flops / rates.matmul_rate(dtype, intensity)
     elif kind == "attention":
+        measured = rates.attention_call_seconds(dtype, row[7]) if len(row) > 7 else None
+        if measured is not None:  # the call at its shape, less what the fixed part counts
+            return max(measured - rates.fixed_seconds(phase, kind, dtype), measured / 4)
         compute = flops / rates.attention_rate(dtype)
     elif kind == "conv":
         compute = flops / rates.conv_rate(dtype, intensity)

@@ -127,6 +127,16 @@ def _tensor_bytes(t: torch.Tensor) -> int:
         return numel_bytes
 
 
+def _cpu_attention_shape(name: str, args: tuple) -> tuple[int, int, int, int, int]:
+    """``(batch x heads, query length, key length, head dim, 1 if backward else 0)`` of a
+    CPU flash-attention call (checkpointing's recompute runs the forward kernel in the
+    backward phase: the kernel, not the phase, says which)."""
+    backward = name.endswith("_backward")
+    q, k = (args[1], args[2]) if backward else (args[0], args[1])
+    b, h, length, d = q.shape
+    return int(b * h), int(length), int(k.shape[-2]), int(d), int(backward)
+
+
 def _cpu_attention_flops(name: str, args: tuple, out: Any) -> int:
     """FLOPs of PyTorch's CPU flash-attention kernels (absent from the flop counter)."""
     q, k = args[0], args[1]
@@ -175,7 +185,7 @@ class OpCounter(TorchDispatchMode):
     def _module_called(self, module: Any, args: Any) -> None:
         phase = self.tracker.phase if self.tracker is not None else self.default_phase
         step = self.tracker.step if self.tracker is not None else 1
-        self.counts.setdefault(step, Counter())[(phase, "module", "fp32", 0, 0, 0)] += 1
+        self.counts.setdefault(step, Counter())[(phase, "module", "fp32", 0, 0, 0, None)] += 1
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -203,11 +213,13 @@ class OpCounter(TorchDispatchMode):
         nbytes += sum(_tensor_bytes(t) for t in {id(t): t for t in outputs}.values())
         kind = "optimizer" if phase in ("optimizer", "zero_grad") else op_kind(name)
         flops = 0
+        shape = None
         count = flop_registry.get(func._overloadpacket)
         if count is not None:
             flops = int(count(*args, **kwargs, out_val=out))
         elif name.startswith(_ATTENTION_FWD_CPU):
             flops = _cpu_attention_flops(name, args, out)
+            shape = _cpu_attention_shape(name, args)
         floats = [t for t in inputs if t.is_floating_point()] or outputs
         dtype = _dtype_key(floats[0].dtype if floats else None)
         if floats is outputs and not any(t.is_floating_point() for t in outputs):
@@ -216,7 +228,7 @@ class OpCounter(TorchDispatchMode):
         if name.startswith("_foreach"):  # one kernel per list element; count the first list
             first = args[0] if args and isinstance(args[0], (list, tuple)) else inputs
             tensors = max(1, len(first))
-        key = (phase, kind, dtype, flops, nbytes, tensors)
+        key = (phase, kind, dtype, flops, nbytes, tensors, shape)
         self.counts.setdefault(step, Counter())[key] += weight
         self.traced[step] += phase in STEP_PHASES
 
@@ -225,6 +237,10 @@ class OpCounter(TorchDispatchMode):
         if not self.counts:
             return StepCost()
         step = max(self.counts) if step is None else step
-        rows = [[*k, n] for k, n in self.counts.get(step, Counter()).items() if k[0] in phases]
-        rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[5]))
+        rows = [
+            [*k[:6], n, *([list(k[6])] if k[6] else [])]
+            for k, n in self.counts.get(step, Counter()).items()
+            if k[0] in phases
+        ]
+        rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[5], r[7:]))
         return StepCost(rows)

@@ -13,9 +13,11 @@ a plan made now and one made during a busy hour use the same figures.
   and the bandwidth that layer norm, softmax and GELU reach over the same size (a CPU
   computes them well below streaming speed);
 - curves: ``F.linear`` and seven convolutions (forward + backward) at several shapes, as
-  FLOPs per byte against FLOP/s, and ``torch.add`` into new arrays of 256 KiB to 256 MiB,
-  as bytes moved against bytes/s (see :class:`~asrfit.profiles.rates.DeviceRates`);
-- fused attention FLOP/s per dtype, forward + backward;
+  FLOPs per byte against FLOP/s, ``torch.add`` into arrays of 256 KiB to 256 MiB, and
+  layer norm, softmax, GELU and ``bernoulli_`` at 256 KiB to 16 MiB, as bytes moved
+  against bytes/s (see :class:`~asrfit.profiles.rates.DeviceRates`);
+- fused attention FLOP/s per dtype, forward + backward, and the seconds of one call,
+  forward and backward, at a grid of lengths and head dims;
 - fixed seconds per kernel by kind, per module call and per optimizer kernel:
   :mod:`asrfit.profiles.host_kernels`.
 """
@@ -30,6 +32,7 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from asrfit.profiles.host_kernels import (
     CHAIN,
@@ -47,7 +50,7 @@ from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-HOST_RATES_VERSION = 18  # bump when a micro-benchmark changes
+HOST_RATES_VERSION = 20  # bump when a micro-benchmark changes
 _MATMUL_N = 1024
 _BANDWIDTH_NUMEL = 4 << 20
 
@@ -194,6 +197,40 @@ def _attention_rate(dtype: object) -> float:
     return flops / (forward + backward)
 
 
+_ATTENTION_LENGTHS = (16, 32, 64, 128, 256)
+_ATTENTION_DIMS = (16, 64)
+
+
+def _attention_table(dtype: object) -> dict[str, list[list[float]]]:
+    """``{"forward" | "backward": [[length, head dim, seconds], ...]}`` of one fused
+    attention call of :data:`~asrfit.profiles.rates.ATTENTION_HEADS` (2 x 4) heads, at a grid of
+    lengths and head dims. The CPU flash-attention kernels work in blocks of the sequence:
+    at short lengths they are far from any FLOP rate (bf16 backward: 0.7 ms at length 16,
+    1.5 ms at 64, 4 ms at 128 with head dim 64, little less with 16), so a call is priced
+    at its own shape (:meth:`~asrfit.profiles.rates.DeviceRates.attention_call_seconds`).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    def call(length: int, dim: int) -> tuple[float, float]:
+        q, k, v = (torch.randn(2, 4, length, dim, dtype=dtype, requires_grad=True) for _ in "qkv")
+        out = F.scaled_dot_product_attention(q, k, v)
+        grad = torch.ones_like(out)
+        forward = best_seconds(lambda: F.scaled_dot_product_attention(q, k, v), 3, 0.003)
+        backward = best_seconds(
+            lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), 3, 0.003
+        )
+        return forward, backward
+
+    table: dict[str, list[list[float]]] = {"forward": [], "backward": []}
+    for dim in _ATTENTION_DIMS:
+        for length in _ATTENTION_LENGTHS:
+            forward, backward = call(length, dim)
+            table["forward"].append([float(length), float(dim), forward])
+            table["backward"].append([float(length), float(dim), backward])
+    return table
+
+
 def _kind_bandwidths() -> dict[str, float]:
     """Bytes/s of layer norm, softmax, GELU and dropout's mask over 4 Mi floats (read
     input, write output; the in-place ``bernoulli_`` reads and writes its tensor)."""
@@ -211,6 +248,47 @@ def _kind_bandwidths() -> dict[str, float]:
     }
 
 
+_KIND_CURVE_NUMELS = (1 << 16, 1 << 19, 1 << 22)
+
+
+def _kind_bandwidth_curves() -> dict[str, list[list[float]]]:
+    """``{"bandwidth:<kind>": {"fp32": [[bytes moved, bytes/s], ...]}}`` of layer norm,
+    softmax, GELU and dropout's mask at 256 KiB to 16 MiB per array, less the time of the
+    same op on 256 floats (its dispatch and set-up, which the per-kernel figures count).
+
+    Unlike ``add``, these do not stream several times faster once their arrays fit in the
+    caches: they are bound by their own arithmetic (``bernoulli_`` by its generator, at
+    1.1-1.2 GB/s from 64 KiB to 64 MiB on the development machine, while ``add`` ran at 86
+    GB/s at 256 KiB and 27 GB/s at 16 MiB); scaling them by ``add``'s curve priced a
+    dropout mask of a small step 4-5x too cheap.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    ops = {
+        "norm": lambda x, m: F.layer_norm(x, (256,)),
+        "softmax": lambda x, m: torch.softmax(x, -1),
+        "activation": lambda x, m: F.gelu(x),
+        "random": lambda x, m: m.bernoulli_(0.9),
+    }
+
+    def seconds(op: Callable[[Any, Any], Any], numel: int) -> float:
+        x = torch.randn(max(1, numel // 256), min(numel, 256))
+        mask = torch.empty_like(x)
+        return best_seconds(lambda: op(x, mask), min_seconds=0.01)
+
+    curves = {}
+    for kind, op in ops.items():
+        floor = seconds(op, 256)
+        points = []
+        for numel in _KIND_CURVE_NUMELS:
+            total = seconds(op, numel)
+            nbytes = 2 * 4 * numel  # read the input, write the output (in place: the same)
+            points.append([float(nbytes), nbytes / max(total - floor, total / 4)])
+        curves[f"bandwidth:{kind}"] = {"fp32": points}
+    return curves
+
+
 def _bandwidth() -> float:
     import torch
 
@@ -220,16 +298,18 @@ def _bandwidth() -> float:
 
 def _bandwidth_curve() -> list[list[float]]:
     """``[[bytes moved, bytes/s], ...]`` of ``torch.add`` of two arrays of 256 KiB to
-    256 MiB each into a new one, as a training step's ops allocate their outputs. Arrays
-    that stay in the caches stream faster than the ones that go to DRAM, and an output
-    above glibc's largest mmap threshold (32 MiB) is a fresh mapping whose pages the
-    kernel faults in and zeroes on first touch: on the development machine 78 GB/s at
-    16 MiB arrays, 14 GB/s at 32 MiB and above (53 GB/s into an existing array)."""
+    256 MiB each into a third one used before. Arrays that stay in the caches stream faster
+    than the ones that go to DRAM. The output is memory already mapped, as in a training
+    step once glibc keeps freed memory (:mod:`asrfit.train.host_allocator`, what ``asrfit
+    train`` does on a CPU); with glibc's defaults an output above its largest mmap
+    threshold (32 MiB) is a fresh mapping whose pages the kernel faults in and zeroes on
+    every step (on the development machine 14 GB/s at 32 MiB and above against 53 GB/s
+    into an existing array), which ``bench/host_allocator.py`` measures."""
     import torch
 
     def point(numel: int) -> list[float]:
-        a, b = torch.randn(numel), torch.randn(numel)
-        return [3 * a.nbytes, 3 * a.nbytes / best_seconds(lambda: torch.add(a, b))]
+        a, b, c = torch.randn(numel), torch.randn(numel), torch.randn(numel)
+        return [3 * a.nbytes, 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=c))]
 
     return [point(numel) for numel in (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)]
 
@@ -255,11 +335,16 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
             "fp32": _attention_rate(torch.float32),
             "bf16": _attention_rate(torch.bfloat16),
         }
+        attention_calls = {
+            "fp32": _attention_table(torch.float32),
+            "bf16": _attention_table(torch.bfloat16),
+        }
         curves = {
             kind: {"fp32": make(torch.float32), "bf16": make(torch.bfloat16)}
             for kind, make in (("matmul", _matmul_curve), ("conv", _conv_curve))
         }
         curves["bandwidth"] = {"fp32": _bandwidth_curve()}
+        curves.update(_kind_bandwidth_curves())
         bandwidth = _bandwidth()
         kinds = _kind_bandwidths()
         by_kind = kernel_seconds_by_kind()
@@ -283,9 +368,10 @@ def measure_host_rates(threads: int | None = None) -> DeviceRates:
         kind_bytes_per_second=kinds,
         optimizer_kernel_seconds=optimizer_kernel,
         int_kernel_seconds=int_kernel,
+        attention_seconds=attention_calls,
         sources=[
             f"measured on this machine ({platform.node()}), best of {REPEATS} repeats at "
-            f"{threads} threads: linear {_MATMUL_N}^3 (bf16 {_MATMUL_N // 2}^3), conv1d 128ch k5, scaled_dot_product_attention 2x4x256x64 forward+backward, F.linear at 32^2..1024^2 and 7 convolutions forward+backward by bytes per FLOP, add over 3 arrays of 256 KiB to 256 MiB and over 3 x 16 MiB, layer norm / softmax / GELU / bernoulli_ over 16 MiB, "
+            f"{threads} threads: linear {_MATMUL_N}^3 (bf16 {_MATMUL_N // 2}^3), conv1d 128ch k5, scaled_dot_product_attention 2x4x256x64 forward+backward and at lengths 16-256, head dims 16 and 64, F.linear at 32^2..1024^2 and 7 convolutions forward+backward by bytes per FLOP, add over 3 arrays of 256 KiB to 256 MiB and over 3 x 16 MiB, layer norm / softmax / GELU / bernoulli_ over 16 MiB and at 256 KiB to 16 MiB, "
             f"per kernel kind, forward and backward of a chain of {CHAIN} tiny ops; integer "
             "index arithmetic (sub, compare, and, any) on 24 elements; a module "
             f"call, {CHAIN} bare vs wrapped ops, x {MODULE_FACTOR} (fitted in "

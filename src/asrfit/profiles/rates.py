@@ -32,6 +32,8 @@ DTYPES = ("fp32", "bf16", "fp16")
 # bytes moved by the micro-benchmarks behind ``memory_bytes_per_second`` and
 # ``kind_bytes_per_second`` (asrfit.profiles.host: 3 arrays of 4 Mi floats)
 BANDWIDTH_BYTES = 3 * 4 * (4 << 20)
+# batch x heads of the attention calls behind ``DeviceRates.attention_seconds``
+ATTENTION_HEADS = 8
 # aten ops that allocate or relabel without running a kernel
 NO_KERNEL_OPS = frozenset(
     {"empty", "empty_like", "empty_strided", "new_empty", "detach", "lift_fresh", "alias",
@@ -98,11 +100,16 @@ class DeviceRates(JsonDataclass):
             together (a CPU's flash-attention kernels run far from its GEMM rate); a dtype
             not here uses :meth:`matmul_rate`.
         rate_curves: ``{"matmul" | "conv": {dtype: [[FLOPs per byte, FLOP/s], ...]}}`` and
-            ``{"bandwidth": {"fp32": [[bytes moved, bytes/s], ...]}}``
+            ``{"bandwidth" | "bandwidth:<kind>": {"fp32": [[bytes moved, bytes/s], ...]}}``
             measured at several shapes (a CPU's small or thin GEMMs and depthwise
             convolutions run far below its large-GEMM rate); an op's rate is read off the
             curve at its own FLOPs per byte (log-log interpolation, flat beyond the ends).
             Absent: the single figures above.
+        attention_seconds: ``{dtype: {"forward" | "backward": [[length, head dim, seconds],
+            ...]}}``: one fused attention call of :data:`ATTENTION_HEADS` (batch x heads)
+            measured at a grid of lengths and head dims (a CPU's flash-attention kernels
+            are far from a FLOP rate at short lengths: its bf16 backward took 0.7 ms at
+            length 16 and 1.5 ms at 64); see :meth:`attention_call_seconds`.
     """
 
     name: str
@@ -120,6 +127,7 @@ class DeviceRates(JsonDataclass):
     attention_flops_per_second: dict[str, float] = field(default_factory=dict)
     rate_curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
     int_kernel_seconds: float | None = None
+    attention_seconds: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for label, table in (
@@ -159,9 +167,14 @@ class DeviceRates(JsonDataclass):
         return self.threads == 0
 
     def bandwidth(self, kind: str, nbytes: float | None = None) -> float:
-        """Bytes per second that kernels of ``kind`` move; with a measured bandwidth curve
-        and ``nbytes``, scaled by how the streaming bandwidth at ``nbytes`` compares with
-        the one at the size the figures were measured at (:data:`BANDWIDTH_BYTES`)."""
+        """Bytes per second that kernels of ``kind`` move. With ``nbytes``: read off the
+        kind's own curve where one was measured (``rate_curves["bandwidth:<kind>"]``: norm,
+        softmax, activation, random on a CPU), else the kind's figure scaled by how the
+        streaming (``add``) bandwidth at ``nbytes`` compares with the one at the size the
+        figures were measured at (:data:`BANDWIDTH_BYTES`)."""
+        own = self.rate_curves.get(f"bandwidth:{kind}", {}).get("fp32")
+        if own and nbytes is not None and nbytes > 0:  # the kind's own curve, where measured
+            return _interpolate(own, nbytes)
         base = self.kind_bytes_per_second.get(kind, self.memory_bytes_per_second)
         curve = self._curve("bandwidth", "fp32")
         if not curve or nbytes is None or nbytes <= 0:
@@ -186,6 +199,24 @@ class DeviceRates(JsonDataclass):
             return self.attention_flops_per_second[dtype]
         return self.matmul_rate(dtype)
 
+    def attention_call_seconds(
+        self, dtype: str, shape: list[int] | tuple[int, ...]
+    ) -> float | None:
+        """Seconds of one fused attention call of ``shape`` (batch x heads, query length,
+        key length, head dim, 1 for the backward kernel else 0) from
+        :attr:`attention_seconds`, or None where not measured.
+
+        The measured call is scaled by batch x heads over :data:`ATTENTION_HEADS` and read
+        at the geometric mean of the two lengths (a cross-attention's work grows with
+        their product)."""
+        table = self.attention_seconds.get(dtype, {})
+        heads, length, keys, dim, backward = shape
+        points = table.get("backward" if backward else "forward")
+        if not points:
+            return None
+        seconds = _attention_at(points, math.sqrt(length * keys), dim)
+        return seconds * heads / ATTENTION_HEADS
+
     def conv_rate(self, dtype: str, intensity: float | None = None) -> float:
         """Convolution FLOP/s for ``dtype`` (at ``intensity`` FLOPs per byte where a curve
         was measured; fp32's when the dtype has no figure)."""
@@ -193,6 +224,24 @@ class DeviceRates(JsonDataclass):
         if curve and intensity is not None:
             return _interpolate(curve, intensity)
         return self.conv_flops_per_second.get(dtype, self.conv_flops_per_second["fp32"])
+
+
+def _attention_at(points: list[list[float]], length: float, dim: float) -> float:
+    """Seconds at ``length`` (log-log between measured lengths, flat below the shortest,
+    quadratic beyond the longest) and ``dim`` (log-log between the measured head dims,
+    flat below, proportional above)."""
+    dims = sorted({p[1] for p in points})
+
+    def at_dim(d: float) -> float:
+        curve = sorted([p[0], p[2]] for p in points if p[1] == d)
+        longest, seconds = curve[-1]
+        if length > longest:
+            return seconds * (length / longest) ** 2
+        return _interpolate(curve, length)
+
+    if dim >= dims[-1]:
+        return at_dim(dims[-1]) * dim / dims[-1]
+    return _interpolate([[d, at_dim(d)] for d in dims], dim)
 
 
 def _interpolate(curve: list[list[float]], x: float) -> float:

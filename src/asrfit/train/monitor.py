@@ -19,6 +19,8 @@
   the write and do not keep the mark); elsewhere ``source`` is ``rss``. Pass
   ``reset_host_peak=False`` to leave ``VmHWM`` alone; the step peak is then the larger RSS of the step's start and end, a
   lower bound. Only this process is counted: data-loader workers are processes of their own.
+  asrfit's trainer makes glibc keep freed memory on a CPU (:mod:`asrfit.train.host_allocator`),
+  so there the RSS, like CUDA's reserved bytes, stays at the largest step's level once reached.
 
 At ``warn_fraction`` (90 %) of the budget the monitor logs a warning; at ``free_fraction``
 (95 %) it also calls ``torch.cuda.empty_cache()`` (a counted, logged no-op on CPU). Each step

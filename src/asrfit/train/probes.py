@@ -7,6 +7,7 @@ is taken.
 
 from __future__ import annotations
 
+import mmap
 import os
 import resource
 import sys
@@ -104,14 +105,15 @@ class HostProbe:
 
         Some kernels and sandboxes (gVisor among them) accept the write to ``clear_refs`` but do
         not keep the mark between resets; trusting it there would report each step's peak as its
-        end-of-step RSS. A 40 MiB block (above glibc's largest mmap threshold, so it is unmapped
-        on free) is written and freed once; the mark must have risen by most of it.
+        end-of-step RSS. A 40 MiB anonymous mapping (its own pages, whatever malloc keeps) is
+        written and unmapped once; the mark must have risen by most of it.
         """
         block_bytes = 40 * 2**20
         cls._clear_hwm()
         start = host_rss_bytes()
-        block = b"\x01" * block_bytes  # every page written, so every page is resident
-        del block
+        with mmap.mmap(-1, block_bytes) as block:  # every page written, so every page resident
+            for offset in range(0, block_bytes, mmap.PAGESIZE):
+                block[offset] = 1
         hwm = _read_vmhwm_bytes() or 0
         cls._clear_hwm()
         return hwm - start >= block_bytes * 3 // 4

@@ -58,6 +58,7 @@ from asrfit.train.components import (
     windows,
 )
 from asrfit.train.guards import MicroBatchLimits, NonFiniteGuard
+from asrfit.train.host_allocator import keep_freed_host_memory
 from asrfit.train.oom import (
     BucketOOMCounter,
     OOMEvent,
@@ -168,6 +169,8 @@ class MemoryEfficientTrainer(StepMixin):
         flag = plan.expandable_segments if plan is not None else True
         configure_cuda_allocator(flag if expandable_segments is None else expandable_segments)
         cuda = torch.cuda.is_available() and not cpu
+        if not cuda:  # the step-time model prices pages already mapped, as on a GPU
+            keep_freed_host_memory()
         mixed_precision, pure_bf16 = resolve_mixed_precision(plan, config, cuda=cuda)
         plugin = deepspeed_plugin(plan) if plan is not None and plan.setup.zero_stage else None
         if AcceleratorState._shared_state:  # a second trainer in a process may change precision
