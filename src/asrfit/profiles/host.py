@@ -251,7 +251,7 @@ def _kind_bandwidths() -> dict[str, float]:
 _KIND_CURVE_NUMELS = (1 << 16, 1 << 19, 1 << 22)
 
 
-def _kind_bandwidth_curves() -> dict[str, list[list[float]]]:
+def _kind_bandwidth_curves() -> dict[str, dict[str, list[list[float]]]]:
     """``{"bandwidth:<kind>": {"fp32": [[bytes moved, bytes/s], ...]}}`` of layer norm,
     softmax, GELU and dropout's mask at 256 KiB to 16 MiB per array, less the time of the
     same op on 256 floats (its dispatch and set-up, which the per-kernel figures count).
@@ -277,7 +277,7 @@ def _kind_bandwidth_curves() -> dict[str, list[list[float]]]:
         mask = torch.empty_like(x)
         return best_seconds(lambda: op(x, mask), min_seconds=0.01)
 
-    curves = {}
+    curves: dict[str, dict[str, list[list[float]]]] = {}
     for kind, op in ops.items():
         floor = seconds(op, 256)
         points = []
@@ -303,8 +303,9 @@ def _bandwidth_curve() -> list[list[float]]:
     step once glibc keeps freed memory (:mod:`asrfit.train.host_allocator`, what ``asrfit
     train`` does on a CPU); with glibc's defaults an output above its largest mmap
     threshold (32 MiB) is a fresh mapping whose pages the kernel faults in and zeroes on
-    every step (on the development machine 14 GB/s at 32 MiB and above against 53 GB/s
-    into an existing array), which ``bench/host_allocator.py`` measures."""
+    every step (on the AMD EPYC development machine of 2026-11-24: 14 GB/s at 32 MiB and
+    above against 53 GB/s into an existing array), which ``bench/host_allocator.py``
+    measures."""
     import torch
 
     def point(numel: int) -> list[float]:
