@@ -83,8 +83,8 @@ def time_cases(
     ...), so that a change of load falls on all of them alike and comparisons between them
     stay fair; each group is timed on its own, after ``warmup`` unmeasured steps, as a
     training run repeats one model (alternating dozens of models leaves every step's
-    weights and activations out of the caches: the same wavlm step took 25.8 ms there
-    against 11.5 ms alone). With ``rounds`` > 1 every group is timed again in each round,
+    weights and activations out of the caches: docs/benchmarks.md, the step-time run of
+    2026-11-27 01:54). With ``rounds`` > 1 every group is timed again in each round,
     so that a slow minute on a shared machine falls on one of a case's rounds, not on all.
     """
     target = "cuda" if device == "cuda" else "cpu"

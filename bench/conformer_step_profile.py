@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -27,6 +28,27 @@ from asrfit.models.conformer.config import conformer_config
 from asrfit.models.conformer.modeling import ConformerForCTC
 from asrfit.profiles.host import host_rates
 from asrfit.train.host_allocator import keep_freed_host_memory
+
+
+def conformer_train_step(
+    size: str, batch: int, frames: int, labels: int, padded: int
+) -> Callable[[], None]:
+    """One fp32 AdamW training step of the built-in Conformer-CTC ``size`` (no dropout) on
+    random log-mel features, the last utterance's final ``padded`` frames masked."""
+    torch.manual_seed(0)
+    model = ConformerForCTC(conformer_config(size, dropout=0.0)).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    features = torch.randn(batch, frames, 80)
+    targets = torch.randint(1, 27, (batch, labels))
+    mask = torch.ones(batch, frames, dtype=torch.long)
+    mask[-1, frames - padded :] = 0
+
+    def step() -> None:
+        model(input_features=features, attention_mask=mask, labels=targets).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
 
 
 def main() -> None:
@@ -45,19 +67,7 @@ def main() -> None:
     by_kind = {k: round(v * 1e3, 1) for k, v in seconds_by_kind(sim.cost, rates).items()}
     print(f"predicted {step_seconds(sim.cost, rates) * 1e3:.1f} ms: {by_kind}")
 
-    model = ConformerForCTC(conformer_config("tiny", dropout=0.0))  # as the bundled config
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    features = torch.randn(b, t, 80)
-    labels = torch.randint(1, 27, (b, u))
-    mask = torch.ones(b, t, dtype=torch.long)
-    mask[-1, t - t // 50 :] = 0
-
-    def step() -> None:
-        model(input_features=features, attention_mask=mask, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = conformer_train_step("tiny", b, t, u, padded=t // 50)  # as the bundled config
     for _ in range(3):
         step()
     times = []

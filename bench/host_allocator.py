@@ -7,7 +7,8 @@ Each measurement runs in a fresh interpreter, once with ``ASRFIT_HOST_MALLOC=def
 applied, the two alternating over ``--rounds`` so that a change of load falls on both:
 
 - writing 64 MiB (``fill_``) into a freshly allocated tensor, and into one reused tensor;
-- a training step of the built-in Conformer-CTC (``--size``, fp32 AdamW, padded batch
+- a training step of the built-in Conformer-CTC (``--size``, fp32 AdamW, padded batch, as
+  ``bench/conformer_step_profile.py`` builds it:
   ``--batch`` x ``--frames`` log-mel frames, ``--threads`` torch threads): median of
   ``--steps`` after 3 warm-up steps, with the process's peak RSS; beside it the step-time
   model's prediction for the same step on this machine's rates
@@ -36,8 +37,8 @@ CHILD = r"""
 import json, resource, statistics, sys, time
 import torch
 from asrfit.train.host_allocator import keep_freed_host_memory
-from asrfit.models.conformer.config import conformer_config
-from asrfit.models.conformer.modeling import ConformerForCTC
+sys.path.insert(0, sys.argv[6])
+from conformer_step_profile import conformer_train_step
 size, batch, frames, threads, steps = sys.argv[1], *map(int, sys.argv[2:6])
 applied = keep_freed_host_memory()
 torch.set_num_threads(threads)
@@ -51,17 +52,7 @@ fresh = best_rate(lambda: torch.empty(n).fill_(1.0))
 buffer = torch.empty(n)
 reused = best_rate(lambda: buffer.fill_(1.0))
 del buffer
-torch.manual_seed(0)
-model = ConformerForCTC(conformer_config(size, dropout=0.0)).train()
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-features = torch.randn(batch, frames, 80)
-labels = torch.randint(1, 27, (batch, frames // 12))
-mask = torch.ones(batch, frames, dtype=torch.long)
-mask[-1, frames - frames // 5:] = 0
-def step():
-    model(input_features=features, attention_mask=mask, labels=labels).loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+step = conformer_train_step(size, batch, frames, frames // 12, padded=frames // 5)
 for _ in range(3):
     step()
 times = []
@@ -78,7 +69,8 @@ def _child(mode: str, args: argparse.Namespace) -> dict:
     env.pop("ASRFIT_HOST_MALLOC", None)
     if mode == "default":
         env["ASRFIT_HOST_MALLOC"] = "default"
-    argv = [str(v) for v in (args.size, args.batch, args.frames, args.threads, args.steps)]
+    bench = Path(__file__).resolve().parent
+    argv = [str(v) for v in (args.size, args.batch, args.frames, args.threads, args.steps, bench)]
     out = subprocess.run(
         [sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True, check=True
     )

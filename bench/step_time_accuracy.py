@@ -12,8 +12,9 @@ alternating between them (so that a change of load falls on all of them alike); 
 pass over the families is repeated ``--rounds`` (3) times, and a case's figure is the median
 of its round medians, so that a minute when neighbours on the shared machine slow it falls
 on one round of a case, not on all (in one round-per-family run the same wavlm case
-measured 20.7 ms, and 11.8 ms in another process minutes later). Alternating all cases at
-once instead leaves every step cold in the caches (that wavlm case: 25.8 ms). The 1-minute load
+measured 20.7 ms, and 11.8 ms alone minutes later: ``bench/step_kinds.py``). Alternating
+all cases at once instead leaves every step cold in the caches (that wavlm case: 25.8 ms;
+the runs are in docs/benchmarks.md). The 1-minute load
 average is recorded before and after the timed steps.
 
 The cases come in groups of four per family: a base setup, the same with checkpointing,
@@ -236,7 +237,7 @@ def _error_pct(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
 
-def _without_kind_curves(rates):  # noqa: ANN001, ANN202
+def _as_priced_before(rates):  # noqa: ANN001, ANN202
     """The rates as priced before 2026-11-27: every kind scaled by ``add``'s curve, and every
     attention call at one FLOP rate."""
     curves = {k: v for k, v in rates.rate_curves.items() if not k.startswith("bandwidth:")}
@@ -244,7 +245,7 @@ def _without_kind_curves(rates):  # noqa: ANN001, ANN202
 
 
 def _summary_without(rows: list[Timed], rates) -> str:  # noqa: ANN001
-    without = _without_kind_curves(rates)
+    without = _as_priced_before(rates)
     errors = [abs(_error_pct(step_seconds(r.cost, without), r.measured_seconds)) for r in rows]
     return f"median |error| {statistics.median(errors):.1f} %, max {max(errors):.1f} %"
 
@@ -335,7 +336,8 @@ def render(  # noqa: ANN001
         "bandwidth curves instead of being scaled by `add`'s in-cache speed-up; the `curves` "
         "cases were written after both and before any run with them. Then a run showed "
         "the whisper bf16 cases under-predicted by 39-42 %, their CPU flash attention "
-        "taking 7.0 ms where one FLOP rate priced 1.0 ms: each attention call is now priced "
+        "profiled at 7.0 ms (`bench/step_kinds.py whisper bf16 0 sgd 2 2 12`) where one FLOP "
+        "rate priced 1.0 ms: each attention call is now priced "
         "at its own shape from a measured grid; the `attention` cases were written after that "
         "and before any run with it. The module factor was fitted on another CPU (an AMD "
         "EPYC): on this one every case is held out from it.",
@@ -348,6 +350,7 @@ def render(  # noqa: ANN001
         f"- curves (written after the kind curves): {_summary(curve)}",
         f"- attention (written after the attention grid, held out from every change): "
         f"{_summary(attention)}",
+        f"- not fitted (every set but the fitted one): {_summary(everything[len(fitted) :])}",
         f"- all: {_summary(everything)}",
         f"- parakeet-tdt cases: median |error| "
         f"{statistics.median(abs(r.error_pct) for r in everything if r.case.arch == 'parakeet-tdt'):.1f} %",
@@ -359,7 +362,7 @@ def render(  # noqa: ANN001
         "error as priced before 2026-11-27 | load before/after |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    without = _without_kind_curves(rates)
+    without = _as_priced_before(rates)
     for label, rows in (
         ("fitted", fitted),
         ("held out", held),

@@ -270,6 +270,11 @@ def scaled_step(
 _WHOLE_CHEAPER: dict[tuple, tuple[StepAdapter, int, int]] = {}
 
 
+def _row_key(row: list) -> tuple:
+    """A cost row without its count: its six figures and, for an attention row, its shape."""
+    return (*row[:6], tuple(row[7]) if len(row) > 7 else None)
+
+
 def _extrapolate(
     runs: list[StepMemory],
     details: list[dict],
@@ -330,9 +335,8 @@ def _extrapolate(
         raw = peak
     rows: dict[tuple, list[int]] = {}
     for j, r in enumerate(runs):
-        for row in r.cost.rows:  # an attention row carries its shape after the count
-            key = (*row[:6], tuple(row[7]) if len(row) > 7 else None)
-            rows.setdefault(key, [0] * len(runs))[j] += row[6]
+        for row in r.cost.rows:
+            rows.setdefault(_row_key(row), [0] * len(runs))[j] += row[6]
     cost_rows = []
     # Rows whose count is not linear (a kernel over all parameters at once, whose size grows
     # with the depth): per (phase, kind, dtype), their totals, extrapolated as one row.
@@ -363,7 +367,7 @@ def _extrapolate(
             cost_rows.extend(
                 list(r)
                 for r in runs[-1].cost.rows
-                if tuple(r[:3]) == key and (*r[:6], tuple(r[7]) if len(r) > 7 else None) in odd_keys
+                if tuple(r[:3]) == key and _row_key(r) in odd_keys
             )
             continue
         if calls > 0:

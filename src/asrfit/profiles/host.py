@@ -205,9 +205,10 @@ def _attention_table(dtype: object) -> dict[str, list[list[float]]]:
     """``{"forward" | "backward": [[length, head dim, seconds], ...]}`` of one fused
     attention call of :data:`~asrfit.profiles.rates.ATTENTION_HEADS` (2 x 4) heads, at a grid of
     lengths and head dims. The CPU flash-attention kernels work in blocks of the sequence:
-    at short lengths they are far from any FLOP rate (bf16 backward: 0.7 ms at length 16,
-    1.5 ms at 64, 4 ms at 128 with head dim 64, little less with 16), so a call is priced
-    at its own shape (:meth:`~asrfit.profiles.rates.DeviceRates.attention_call_seconds`).
+    at short lengths they are far from any FLOP rate (docs/step_time.md: the bf16 backward
+    on the development machine, 0.66 ms at length 16 and 3.98 ms at 128 with head dim 64),
+    so a call is priced at its own shape
+    (:meth:`~asrfit.profiles.rates.DeviceRates.attention_call_seconds`).
     """
     import torch
     import torch.nn.functional as F
@@ -258,9 +259,9 @@ def _kind_bandwidth_curves() -> dict[str, dict[str, list[list[float]]]]:
 
     Unlike ``add``, these do not stream several times faster once their arrays fit in the
     caches: they are bound by their own arithmetic (``bernoulli_`` by its generator, at
-    1.1-1.2 GB/s from 64 KiB to 64 MiB on the development machine, while ``add`` ran at 86
-    GB/s at 256 KiB and 27 GB/s at 16 MiB); scaling them by ``add``'s curve priced a
-    dropout mask of a small step 4-5x too cheap.
+    1.1-1.2 GB/s from 256 KiB to 16 MiB on the development machine, while ``add`` ran at 90
+    GB/s at 256 KiB and 27 GB/s at 16 MiB: docs/step_time.md); scaling them by ``add``'s
+    curve priced a dropout mask of a small step 4-5x too cheap.
     """
     import torch
     import torch.nn.functional as F

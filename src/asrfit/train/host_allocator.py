@@ -16,9 +16,10 @@ served from pages the process already holds; the resident set then stays at its 
 mark, the CPU's counterpart of CUDA's reserved memory. The cost is resident memory: large
 blocks now share the heap, and batches of varying shapes leave holes in it that no later
 block fits: in 6 epochs of the demo run (``asrfit train`` of conformer-ctc-tiny on the
-demo corpus) the peak RSS was 3.54 GiB, and 3.76 GiB with a ``malloc_trim`` at each epoch
+demo corpus) the peak RSS was 3.63 GiB, and 3.76 GiB with a ``malloc_trim`` at each epoch
 start, against 2.42 GiB with glibc's defaults (the epoch times of those runs, 13-26 s, moved
-more with the shared machine's load than with the setting). It is what the step-time model
+more with the shared machine's load than with the setting; commands in docs/benchmarks.md).
+It is what the step-time model
 assumes (its kernels run at the rates of memory that is already mapped) and what
 ``asrfit train`` does on a CPU. It applies to the whole process and cannot be undone (glibc
 keeps the fixed thresholds once set), so it is done once, by the trainer, and only with glibc;
