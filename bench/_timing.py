@@ -3,8 +3,8 @@
 :func:`time_case` simulates the case on fake tensors (its :class:`StepCost`), then runs the
 real step of ``bench/_grid.py`` (same model, inputs, optimizer and order as the simulator)
 ``warmup`` times unmeasured and ``steps`` times measured, and returns the median;
-:func:`time_cases` alternates the steps of several cases of one architecture, group by
-group, in one or more rounds. The
+:func:`time_cases` times several cases one after the other, each on its own, in one or
+more rounds. The
 prediction is :func:`asrfit.memory.runtime.step_seconds` on the given rates. The 1-minute
 load average is read before and after the timed steps. On the CPU, glibc keeps freed memory
 (:func:`asrfit.train.host_allocator.keep_freed_host_memory`), as ``asrfit train`` does there.
@@ -12,7 +12,7 @@ load average is read before and after the timed steps. On the CPU, glibc keeps f
 
 from __future__ import annotations
 
-import gc
+import json
 import os
 import statistics
 import time
@@ -69,6 +69,43 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _time_steps(case: _grid.Case, device: str, warmup: int, steps: int) -> list[float]:
+    """Build the case's real model and time ``steps`` steps after ``warmup`` unmeasured."""
+    model = _grid.build_real_model(case, device)
+    optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
+    times = []
+    for i in range(warmup + steps):
+        started = time.perf_counter()
+        _grid._train_step(case, model, optimizer, device, i)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def _time_in_child(case: _grid.Case, warmup: int, steps: int) -> list[float]:
+    """:func:`_time_steps` in a forked child process: the model runs in a heap of its own,
+    as in a training run, not among the blocks other models' steps left behind."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: time, report through the pipe, exit without cleanup
+        os.close(read)
+        try:
+            payload = {"times": _time_steps(case, "cpu", warmup, steps)}
+        except BaseException as err:  # noqa: BLE001  (reported to the parent)
+            payload = {"error": f"{type(err).__name__}: {err}"}
+        with os.fdopen(write, "w") as out:
+            out.write(json.dumps(payload))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        payload = json.loads(answer.read() or '{"error": "the child exited without an answer"}')
+    os.waitpid(pid, 0)
+    if "error" in payload:
+        raise RuntimeError(f"{case.name}: {payload['error']}")
+    return payload["times"]
+
+
 def time_cases(
     cases: list[_grid.Case],
     rates: DeviceRates,
@@ -79,46 +116,40 @@ def time_cases(
 ) -> list[Timed]:
     """Simulate each case, then time their real steps (median over rounds of round medians).
 
-    Cases of one architecture form a group whose steps alternate (case 1, 2, 3, 1, 2, 3,
-    ...), so that a change of load falls on all of them alike and comparisons between them
-    stay fair; each group is timed on its own, after ``warmup`` unmeasured steps, as a
-    training run repeats one model (alternating dozens of models leaves every step's
-    weights and activations out of the caches: docs/benchmarks.md, the step-time run of
-    2026-11-27 01:54). With ``rounds`` > 1 every group is timed again in each round,
-    so that a slow minute on a shared machine falls on one of a case's rounds, not on all.
+    Each case is timed on its own, ``warmup`` unmeasured steps and then ``steps`` measured
+    ones of the same model, as a training run repeats one model, and on a CPU in a forked
+    child process that builds only that model, as a training run's process holds one:
+    alternating the steps of several models leaves each step's weights and activations out
+    of the caches (all 54 models alternating: a wavlm case 25.8 ms against 11.8 ms alone,
+    docs/benchmarks.md, the step-time run of 2026-11-27 01:54; the 13 cases of one family
+    alternating at 03:52: a parakeet-ctc case 21.5 ms against 16.5-17.9 ms alone), and even
+    one model at a time in a process that holds all 74 slowed some steps from round to
+    round (hubert fp32 sgd 2x5s: 38 ms, then 60 ms with 193 page faults a step; a
+    parakeet-ctc 2x5s case 21.7, then 29.2 ms). With ``rounds`` > 1 every case is timed
+    again in each round, so that a slow minute on a shared machine falls on one of a case's
+    rounds, not on all, and the two cases of a pair are timed seconds apart in every round.
     """
     target = "cuda" if device == "cuda" else "cpu"
     if target == "cpu":
         keep_freed_host_memory()
-    sims = [simulate_step(hf_adapter(c.config()), c.batch, c.setup, target=target) for c in cases]
-    gc.collect()
-    runs = []
-    for case in cases:
-        model = _grid.build_real_model(case, device)
-        optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
-        runs.append((model, optimizer))
-    groups: dict[str, list[int]] = {}
-    for j, case in enumerate(cases):
-        groups.setdefault(case.arch, []).append(j)
     load_before = os.getloadavg()[0]
     times: list[list[float]] = [[] for _ in cases]
     medians: list[list[float]] = [[] for _ in cases]
-    counter = 0
     for _ in range(rounds):
-        for members in groups.values():
-            for i in range(warmup + steps):
-                for j in members:
-                    case, (model, optimizer) = cases[j], runs[j]
-                    started = time.perf_counter()
-                    _grid._train_step(case, model, optimizer, device, counter + i)
-                    _sync(device)
-                    if i >= warmup:
-                        times[j].append(time.perf_counter() - started)
-            for j in members:
-                medians[j].append(statistics.median(times[j][-steps:]))
-            counter += warmup + steps
+        for j, case in enumerate(cases):
+            timed = (
+                _time_in_child(case, warmup, steps)
+                if device == "cpu"
+                else _time_steps(case, device, warmup, steps)
+            )
+            times[j] += timed
+            medians[j].append(statistics.median(timed))
     load_after = os.getloadavg()[0]
-    del runs
+    # simulated after the timing: children forked from a process that has run dozens of
+    # fake-tensor traces ran their steps 8-15 % slower than in a fresh process (wav2vec2
+    # fp32 adamw 2x1.5s: 15.5-15.9 ms against 14.3-14.8), whether or not the traces' objects
+    # were freed or frozen first
+    sims = [simulate_step(hf_adapter(c.config()), c.batch, c.setup, target=target) for c in cases]
     return [
         Timed(
             case=case,

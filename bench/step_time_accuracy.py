@@ -5,17 +5,21 @@ Run: ``PYTHONPATH=src .venv/bin/python bench/step_time_accuracy.py --out docs/be
 Each case (a tiny model of ``bench/_grid.py``, a setup and a padded batch) is simulated on
 fake tensors (``target="cpu"``), and its :class:`~asrfit.memory.runtime.StepCost` is turned
 into seconds by the roofline of :mod:`asrfit.memory.runtime` on this machine's rates
-(:func:`asrfit.profiles.host.host_rates`, measured and cached per machine). In the same
-process, after all cases are simulated and their real models built, each family's cases
-are timed together: 2 unmeasured steps each, then ``--steps`` (7) measured steps each,
-alternating between them (so that a change of load falls on all of them alike); the whole
-pass over the families is repeated ``--rounds`` (3) times, and a case's figure is the median
-of its round medians, so that a minute when neighbours on the shared machine slow it falls
-on one round of a case, not on all (in one round-per-family run the same wavlm case
-measured 20.7 ms, and 11.8 ms alone minutes later: ``bench/step_kinds.py``). Alternating
-all cases at once instead leaves every step cold in the caches (that wavlm case: 25.8 ms;
-the runs are in docs/benchmarks.md). The 1-minute load
-average is recorded before and after the timed steps.
+(:func:`asrfit.profiles.host.host_rates`, measured and cached per machine). Each case is
+timed on its own, in a child process forked before any case is simulated, that builds only
+its model (as a training run's process holds one model; children forked after the 74
+traces ran their steps 8-15 % slower: ``bench/_timing.py``): ``--warmup`` (5) unmeasured
+steps, then ``--steps`` (7) measured steps of the same model, as a training run repeats
+one model (a model built afresh runs its first steps slower: the 10 `layout` cases timed
+after 2 unmeasured steps came out a median 3 points slower than after 5); the whole pass over the cases is repeated ``--rounds`` (3)
+times, and a case's figure is the median of its round medians, so that a minute when
+neighbours on the shared machine slow it falls on one round of a case, not on all (in one
+round-per-family run the same wavlm case measured 20.7 ms, and 11.8 ms alone minutes later:
+``bench/step_kinds.py``). Alternating the steps of several models instead leaves each step
+cold in the caches (all cases at once: that wavlm case 25.8 ms; the 13 cases of one family
+at once, as until 2026-11-27 03:55: a parakeet-ctc case 21.5 ms against 16.5-17.9 alone;
+the runs are in docs/benchmarks.md). The 1-minute load average is recorded before and
+after the timed steps.
 
 The cases come in groups of four per family: a base setup, the same with checkpointing,
 the same with 3x the batch, and the same in bf16 (parakeet-tdt: no bf16 on this CPU); so each group gives the three pairs the
@@ -165,6 +169,26 @@ def after_attention_cases() -> list[_grid.Case]:
     ]
 
 
+def after_layout_cases() -> list[_grid.Case]:
+    """Written 2026-11-27 03:55 UTC, after copies that change the memory layout were priced
+    at their own measured bandwidth and the copies kernels make of non-contiguous inputs
+    were added to the trace, and after host rates became the best of two passes, before any
+    run with them."""
+    case = _grid.Case
+    return [
+        case("wav2vec2", "fp32", False, "adamw", 2, 4.0, 30),
+        case("wav2vec2", "fp32", True, "adafactor", 3, 1.0, 8),
+        case("hubert", "fp32", False, "sgd", 2, 5.0, 36),
+        case("hubert", "bf16", True, "sgd", 3, 1.5, 12),
+        case("wavlm", "fp32", False, "adamw", 5, 1.5, 12),
+        case("whisper", "fp32", False, "sgd", 3, 5.0, 36),
+        case("whisper", "bf16", False, "adamw", 2, 1.0, 6),
+        case("parakeet-ctc", "fp32", False, "adamw", 2, 5.0, 36),
+        case("parakeet-ctc", "fp32", True, "adafactor", 6, 1.0, 8),
+        case("parakeet-tdt", "fp32", False, "sgd", 2, 3.0, 20),
+    ]
+
+
 def _families(rows: list[Timed]) -> list[list[Timed]]:
     groups: dict[str, list[Timed]] = {}
     for r in rows:
@@ -298,11 +322,13 @@ def render(  # noqa: ANN001
     after: list[Timed],
     curve: list[Timed],
     attention: list[Timed],
+    layout: list[Timed],
     rates,
     bandwidth: tuple[float, float],
+    timing: tuple[int, int, int] = (5, 7, 3),
 ) -> str:
     """The markdown section."""
-    everything = fitted + held + later + after + curve + attention
+    everything = fitted + held + later + after + curve + attention + layout
     lines = [
         "## Step time: predicted vs measured (CPU)",
         "",
@@ -312,6 +338,11 @@ def render(  # noqa: ANN001
         f"1 thread; {_rates_line(rates)}",
         "",
         _load_note(everything),
+        "",
+        f"Timing: each case alone, in a child process forked before any case was simulated "
+        f"(`bench/_timing.py`), {timing[0]} unmeasured then {timing[1]} measured steps of its "
+        f"model, {timing[2]} rounds over all cases; a case's figure is the median of its round "
+        "medians.",
         "",
         f"Memory bandwidth (`torch.add` over 16 MiB, best of 5) measured at the start and the "
         f"end of this run: {bandwidth[0] / 1e9:.1f} and {bandwidth[1] / 1e9:.1f} GB/s, against "
@@ -339,8 +370,15 @@ def render(  # noqa: ANN001
         "profiled at 7.0 ms (`bench/step_kinds.py whisper bf16 0 sgd 2 2 12`) where one FLOP "
         "rate priced 1.0 ms: each attention call is now priced "
         "at its own shape from a measured grid; the `attention` cases were written after that "
-        "and before any run with it. The module factor was fitted on another CPU (an AMD "
-        "EPYC): on this one every case is held out from it.",
+        "and before any run with it. Then a profile of the most under-predicted case "
+        "(`bench/step_kinds.py wav2vec2 fp32 0 sgd 3 3 25`) showed 4-5 ms of `copy_` the "
+        "trace had priced at 0.04 ms: layer norm and convolution copy their transposed inputs "
+        "inside the kernel, below the dispatcher, and a transposing copy runs at 5-10 GB/s, "
+        "not a streaming copy's 27-69 GB/s; those copies are in the trace now, at their own "
+        "measured bandwidth (kind `layout`), and the host rates are the best of two passes "
+        "(one pass of 03:47 had met a busy moment: every figure 1.3-1.5x slow); the `layout` "
+        "cases were written after that and before any run with it. The module factor was "
+        "fitted on another CPU (an AMD EPYC): on this one every case is held out from it.",
         "",
         f"- fitted (the per-module factor was set on these): {_summary(fitted)}",
         f"- held out (other families, not fitted): {_summary(held)}",
@@ -350,6 +388,8 @@ def render(  # noqa: ANN001
         f"- curves (written after the kind curves): {_summary(curve)}",
         f"- attention (written after the attention grid, held out from every change): "
         f"{_summary(attention)}",
+        f"- layout (written after the layout copies and two-pass host rates, held out from "
+        f"every change): {_summary(layout)}",
         f"- not fitted (every set but the fitted one): {_summary(everything[len(fitted) :])}",
         f"- all: {_summary(everything)}",
         f"- parakeet-tdt cases: median |error| "
@@ -370,6 +410,7 @@ def render(  # noqa: ANN001
         ("after", after),
         ("curves", curve),
         ("attention", attention),
+        ("layout", layout),
     ):
         for r in rows:
             lines.append(
@@ -405,9 +446,11 @@ def render(  # noqa: ANN001
     return "\n".join(lines)
 
 
-def _run(cases: list[_grid.Case], rates, steps: int, rounds: int) -> list[Timed]:  # noqa: ANN001
-    """Time the cases family by family (a family's cases alternate), ``rounds`` times over."""
-    rows = time_cases(cases, rates, steps=steps, rounds=rounds)
+def _run(  # noqa: ANN001
+    cases: list[_grid.Case], rates, warmup: int, steps: int, rounds: int
+) -> list[Timed]:
+    """Time the cases one by one, ``rounds`` times over."""
+    rows = time_cases(cases, rates, warmup=warmup, steps=steps, rounds=rounds)
     for r in rows:
         print(
             f"{r.case.name:45s} {r.predicted_seconds * 1e3:8.1f} {r.measured_seconds * 1e3:8.1f} "
@@ -422,6 +465,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="Write the section here.")
     parser.add_argument("--fit", action="store_true", help="Only fitted cases; print the factor.")
+    parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -429,7 +473,9 @@ def main() -> None:
     rates = host_rates(1)
     bandwidth_before = host_bandwidth()
     if args.fit:
-        gamma, _ = fit_factors(_run(fitted_cases(), rates, args.steps, args.rounds), rates)
+        gamma, _ = fit_factors(
+            _run(fitted_cases(), rates, args.warmup, args.steps, args.rounds), rates
+        )
         print(f"multiply MODULE_FACTOR by {gamma:.3f}")
         return
     sets = [
@@ -439,13 +485,15 @@ def main() -> None:
         after_int_cases(),
         after_curve_cases(),
         after_attention_cases(),
+        after_layout_cases(),
     ]
-    rows = _run([c for cases in sets for c in cases], rates, args.steps, args.rounds)
+    rows = _run([c for cases in sets for c in cases], rates, args.warmup, args.steps, args.rounds)
     split, start = [], 0
     for cases in sets:
         split.append(rows[start : start + len(cases)])
         start += len(cases)
-    text = render(*split, rates, (bandwidth_before, host_bandwidth()))
+    timing = (args.warmup, args.steps, args.rounds)
+    text = render(*split, rates, (bandwidth_before, host_bandwidth()), timing)
     print(text)
     if args.out is not None:
         write_section(args.out, SECTION, text)

@@ -356,12 +356,41 @@ def test_traced_step_runs_as_many_kernels_as_the_real_step(arch: str, one_thread
         loss = model(**inputs).loss
     with backward.mode:
         loss.backward()
+    implicit = _implicit_copies(model, inputs)
     # within 5 %: under a dispatch mode autograd clones some gradients that a plain step
     # hands over (measured: 1 of 11 backward clones in wav2vec2, 7 of 17 in parakeet-ctc),
     # and fake .item() calls differ by a few; before the prim::device fix the trace
-    # counted 4-10x the real kernels
-    assert sim.cost.select(("forward",)).calls == pytest.approx(forward.kernels, rel=0.05)
-    assert sim.cost.select(("backward",)).calls == pytest.approx(backward.kernels, rel=0.05)
+    # counted 4-10x the real kernels. The copies kernels make of non-contiguous inputs
+    # themselves (below the dispatcher: no dispatch mode sees them) are counted from the
+    # profiler.
+    real_forward = forward.kernels + implicit["forward"]
+    real_backward = backward.kernels + implicit["backward"]
+    assert sim.cost.select(("forward",)).calls == pytest.approx(real_forward, rel=0.05)
+    assert sim.cost.select(("backward",)).calls == pytest.approx(real_backward, rel=0.05)
+
+
+def _implicit_copies(model, inputs) -> dict[str, int]:  # noqa: ANN001
+    """``aten::copy_`` calls that kernels make themselves (under an ``aten::contiguous``
+    called by another aten op), forward and backward, in one real step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("asrfit_forward"):
+            loss = model(**inputs).loss
+        with record_function("asrfit_backward"):
+            loss.backward()
+    counts = {"forward": 0, "backward": 0}
+    for event in prof.events():
+        parent = event.cpu_parent
+        if event.name != "aten::clone" or parent is None or parent.name != "aten::contiguous":
+            continue
+        caller = parent.cpu_parent
+        if caller is None or not caller.name.startswith("aten::"):
+            continue  # a .contiguous() the model's Python code calls: dispatched, traced
+        while caller.cpu_parent is not None:
+            caller = caller.cpu_parent
+        counts["backward" if caller.name == "asrfit_backward" else "forward"] += 1
+    return counts
 
 
 def test_a_disturbed_module_call_measurement_is_taken_again(monkeypatch) -> None:  # noqa: ANN001

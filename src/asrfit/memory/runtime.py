@@ -7,8 +7,9 @@ for each op that runs a kernel:
 
 - its **kind**: matmul (``mm``, ``addmm``, ``bmm``, ``baddbmm``), attention (the fused
   scaled-dot-product kernels), conv, norm, softmax, activation (GELU, SiLU, exp, ...),
-  loss, reduction, copy, random (dropout's ``bernoulli_``: bound by the generator),
-  elementwise, or optimizer (anything in the optimizer step or ``zero_grad``);
+  loss, reduction, copy, layout (a copy that changes the memory layout: below), random
+  (dropout's ``bernoulli_``: bound by the generator), elementwise, or optimizer (anything
+  in the optimizer step or ``zero_grad``);
 - its **FLOPs** (``torch.utils.flop_counter``'s formulas; the CPU flash-attention kernels,
   which that table lacks, as ``4 B H L S D`` forward and 2.5x that backward);
 - its **bytes moved**: every distinct tensor read or written, at most its storage's size
@@ -18,6 +19,16 @@ for each op that runs a kernel:
 
 View ops (outputs that alias an input: ``view``, ``transpose``, ``expand``, ``slice`` ...)
 and ``empty`` allocations run no kernel and are not counted.
+
+A copy whose source is laid out in another order than its destination (a transposed
+tensor made contiguous) is of kind **layout**: it reads with a stride and runs several
+times slower than a streaming copy (``asrfit.profiles.host``: 5-10 GB/s against 27-69 GB/s
+on the Intel Xeon of 2026-11-27). Some kernels make such a copy themselves before they run
+(:data:`CONTIGUOUS_INPUTS`: layer and group norm, softmax and convolution call
+``.contiguous()`` on their inputs, forward and backward): the copy happens below the
+dispatcher, where a fake tensor never sees it, so each non-contiguous input of those
+kernels adds a layout row of its own (a wav2vec2 feature encoder's layer norms between
+transposes: about a tenth of its CPU step).
 
 The counts are a :class:`~asrfit.memory.roofline.StepCost`; :mod:`asrfit.memory.roofline`
 (no torch: warm plans time cached costs without importing it) turns them into seconds.
@@ -81,6 +92,22 @@ _RANDOM = {"bernoulli", "native_dropout", "rand", "randn", "rand_like", "randn_l
            "uniform", "randint", "randint_like", "randperm", "multinomial", "exponential",
            "geometric", "random", "cauchy", "log_normal"}  # fmt: skip
 _ATTENTION_FWD_CPU = "_scaled_dot_product_flash_attention_for_cpu"
+# kernels that copy these tensor arguments (by position) into a contiguous layout before
+# they run, where they are not already (their CPU and CUDA implementations call
+# .contiguous(); tests/test_runtime_layout.py checks each against a real call's copies)
+CONTIGUOUS_INPUTS: dict[str, tuple[int, ...]] = {
+    "native_layer_norm": (0,),
+    "native_layer_norm_backward": (0, 1),
+    "native_group_norm": (0,),
+    "native_group_norm_backward": (0, 1),
+    "_softmax": (0,),
+    "_log_softmax": (0,),
+    "_softmax_backward_data": (0, 1),
+    "_log_softmax_backward_data": (0, 1),
+    "convolution": (0,),
+    "convolution_backward": (0, 1),
+}
+_LAYOUT_COPIES = ("copy_", "clone", "_to_copy")
 
 
 def _dtype_key(dtype: torch.dtype | None) -> str:
@@ -125,6 +152,33 @@ def _tensor_bytes(t: torch.Tensor) -> int:
         return min(numel_bytes, t.untyped_storage().nbytes())
     except (RuntimeError, NotImplementedError):
         return numel_bytes
+
+
+def _order(t: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of ``t`` longer than 1, from the largest stride to the smallest."""
+    dims = [d for d in range(t.dim()) if t.shape[d] > 1]
+    return tuple(sorted(dims, key=lambda d: -t.stride(d)))
+
+
+def _needs_layout_copy(t: torch.Tensor) -> bool:
+    """True when a kernel that wants contiguous input must copy ``t`` first (a 4-D tensor
+    in channels-last order is a convolution's own layout, not copied)."""
+    if t.numel() <= 1 or t.is_contiguous():
+        return False
+    return not (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
+
+
+def _layout_copy(name: str, args: tuple, out: Any) -> bool:
+    """True for an explicit copy (``copy_``, ``clone``, ``_to_copy``) whose source is laid
+    out in another order than its result."""
+    if name not in _LAYOUT_COPIES or not args or not isinstance(args[0], torch.Tensor):
+        return False
+    src, dst = (args[1], args[0]) if name == "copy_" else (args[0], out)
+    if not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor):
+        return False
+    if src.shape != dst.shape or src.numel() <= 1:
+        return False
+    return _order(src) != _order(dst)
 
 
 def _cpu_attention_shape(name: str, args: tuple) -> tuple[int, int, int, int, int]:
@@ -212,6 +266,8 @@ class OpCounter(TorchDispatchMode):
         nbytes = sum(_tensor_bytes(t) for t in {id(t): t for t in inputs}.values())
         nbytes += sum(_tensor_bytes(t) for t in {id(t): t for t in outputs}.values())
         kind = "optimizer" if phase in ("optimizer", "zero_grad") else op_kind(name)
+        if kind == "copy" and _layout_copy(name, args, out):
+            kind = "layout"
         flops = 0
         shape = None
         count = flop_registry.get(func._overloadpacket)
@@ -229,7 +285,13 @@ class OpCounter(TorchDispatchMode):
             first = args[0] if args and isinstance(args[0], (list, tuple)) else inputs
             tensors = max(1, len(first))
         key = (phase, kind, dtype, flops, nbytes, tensors, shape)
-        self.counts.setdefault(step, Counter())[key] += weight
+        counts = self.counts.setdefault(step, Counter())
+        counts[key] += weight
+        for i in CONTIGUOUS_INPUTS.get(name, ()):  # the copies the kernel makes itself
+            t = args[i] if i < len(args) else None
+            if isinstance(t, torch.Tensor) and _needs_layout_copy(t):
+                copied = t.numel() * t.element_size()
+                counts[(phase, "layout", _dtype_key(t.dtype), 0, 2 * copied, 1, None)] += weight
         self.traced[step] += phase in STEP_PHASES
 
     def cost(self, step: int | None = None, phases: tuple[str, ...] = STEP_PHASES) -> StepCost:

@@ -169,7 +169,7 @@ class DeviceRates(JsonDataclass):
     def bandwidth(self, kind: str, nbytes: float | None = None) -> float:
         """Bytes per second that kernels of ``kind`` move. With ``nbytes``: read off the
         kind's own curve where one was measured (``rate_curves["bandwidth:<kind>"]``: norm,
-        softmax, activation, random on a CPU), else the kind's figure scaled by how the
+        softmax, activation, random and layout on a CPU), else the kind's figure scaled by how the
         streaming (``add``) bandwidth at ``nbytes`` compares with the one at the size the
         figures were measured at (:data:`BANDWIDTH_BYTES`)."""
         own = self.rate_curves.get(f"bandwidth:{kind}", {}).get("fp32")
@@ -290,3 +290,43 @@ def gpu_rates(spec: object) -> DeviceRates:
             "(stated assumptions, checked by bench/validate_gpu.py)",
         ],
     )
+
+
+def best_of(a: DeviceRates, b: DeviceRates) -> DeviceRates:
+    """Figure by figure the better of two measurements of one machine: the higher of each
+    rate (``*_per_second``, ``rate_curves``), the lower of each fixed or per-call time
+    (``*seconds*``). A pass of micro-benchmarks that met a busy moment (another process on
+    the core for a few seconds: every figure of one pass 1.3-1.5x slower on the Intel Xeon
+    of 2026-11-27) loses where it was slow. Everything else comes from ``a``."""
+    first, second = a.to_dict(), b.to_dict()
+    merged = {}
+    for key, value in first.items():
+        points = key in _POINT_FIELDS
+        merged[key] = _better(value, second.get(key), _direction(key), points)
+    return DeviceRates.from_dict(merged)
+
+
+# fields whose innermost lists are points ``[where..., figure]``: only the figure is merged
+_POINT_FIELDS = ("rate_curves", "attention_seconds")
+
+
+def _direction(field_name: str) -> int:
+    """+1 where a higher figure is better (a rate), -1 where lower is (seconds), 0 else."""
+    if "per_second" in field_name or field_name == "rate_curves":
+        return 1
+    return -1 if "seconds" in field_name else 0
+
+
+def _better(x: Any, y: Any, direction: int, points: bool) -> Any:
+    number = (int, float)
+    if direction == 0 or y is None or type(x) is bool:
+        return x
+    if isinstance(x, number) and isinstance(y, number):
+        return max(x, y) if direction > 0 else min(x, y)
+    if isinstance(x, dict) and isinstance(y, dict):
+        return {k: _better(v, y.get(k), direction, points) for k, v in x.items()}
+    if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        if points and x and all(isinstance(v, number) for v in x):  # [where..., figure]
+            return [*x[:-1], _better(x[-1], y[-1], direction, False)] if x[:-1] == y[:-1] else x
+        return [_better(u, v, direction, points) for u, v in zip(x, y, strict=True)]
+    return x
