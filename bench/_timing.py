@@ -114,11 +114,12 @@ def time_cases(
     steps: int = 7,
     rounds: int = 1,
 ) -> list[Timed]:
-    """Simulate each case, then time their real steps (median over rounds of round medians).
+    """Time each case's real steps (median over rounds of round medians), then simulate it.
 
     Each case is timed on its own, ``warmup`` unmeasured steps and then ``steps`` measured
-    ones of the same model, as a training run repeats one model, and on a CPU in a forked
-    child process that builds only that model, as a training run's process holds one:
+    ones of the same model, as a training run repeats one model, and on a CPU in a child
+    process forked before any case is simulated, that builds only that model, as a
+    training run's process holds one:
     alternating the steps of several models leaves each step's weights and activations out
     of the caches (all 54 models alternating: a wavlm case 25.8 ms against 11.8 ms alone,
     docs/benchmarks.md, the step-time run of 2026-11-27 01:54; the 13 cases of one family

@@ -11,9 +11,11 @@ its model (as a training run's process holds one model; children forked after th
 traces ran their steps 8-15 % slower: ``bench/_timing.py``): ``--warmup`` (5) unmeasured
 steps, then ``--steps`` (7) measured steps of the same model, as a training run repeats
 one model (a model built afresh runs its first steps slower: the 10 `layout` cases timed
-after 2 unmeasured steps came out a median 3 points slower than after 5); the whole pass over the cases is repeated ``--rounds`` (3)
-times, and a case's figure is the median of its round medians, so that a minute when
-neighbours on the shared machine slow it falls on one round of a case, not on all (in one
+after 2 unmeasured steps came out a median 3 points slower than after 5); the whole pass
+over the cases is repeated ``--rounds`` (5) times, and a case's figure is the median of its
+round medians, so that a few minutes when neighbours on the shared machine slow it fall on
+one or two rounds of a case, not on most (with 3 rounds, the 04:55 run of 2026-11-27
+measured whisper fp32+ckpt sgd 2x2s at 26.6 ms, 17.1 ms in the run just before; in one
 round-per-family run the same wavlm case measured 20.7 ms, and 11.8 ms alone minutes later:
 ``bench/step_kinds.py``). Alternating the steps of several models instead leaves each step
 cold in the caches (all cases at once: that wavlm case 25.8 ms; the 13 cases of one family
@@ -325,7 +327,7 @@ def render(  # noqa: ANN001
     layout: list[Timed],
     rates,
     bandwidth: tuple[float, float],
-    timing: tuple[int, int, int] = (5, 7, 3),
+    timing: tuple[int, int, int] = (5, 7, 5),
 ) -> str:
     """The markdown section."""
     everything = fitted + held + later + after + curve + attention + layout
@@ -399,7 +401,7 @@ def render(  # noqa: ANN001
         f"{_summary_without(everything, rates)}",
         "",
         "| set | case | predicted ms | measured ms (median) | error | fastest ms | error | "
-        "error as priced before 2026-11-27 | load before/after |",
+        "error as priced before 2026-11-27 | round medians ms |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     without = _as_priced_before(rates)
@@ -418,7 +420,7 @@ def render(  # noqa: ANN001
                 f"{r.measured_seconds * 1e3:.1f} | {r.error_pct:+.1f} % | "
                 f"{min(r.steps_seconds) * 1e3:.1f} | {r.fastest_error_pct:+.1f} % | "
                 f"{_error_pct(step_seconds(r.cost, without), r.measured_seconds):+.1f} % | "
-                f"{r.load_before:.1f} / {r.load_after:.1f} |"
+                f"{_round_medians(r, timing[1])} |"
             )
     lines += ["", "Pairs the planner compares (faster one, predicted vs measured):", ""]
     lines += [
@@ -446,6 +448,14 @@ def render(  # noqa: ANN001
     return "\n".join(lines)
 
 
+def _round_medians(row: Timed, steps: int) -> str:
+    """The median step of each round, in milliseconds (a round far from the others was a
+    slow minute of the shared machine)."""
+    times = row.steps_seconds
+    medians = [statistics.median(times[i : i + steps]) for i in range(0, len(times), steps)]
+    return " / ".join(f"{m * 1e3:.1f}" for m in medians)
+
+
 def _run(  # noqa: ANN001
     cases: list[_grid.Case], rates, warmup: int, steps: int, rounds: int
 ) -> list[Timed]:
@@ -467,7 +477,7 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true", help="Only fitted cases; print the factor.")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=7)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     rates = host_rates(1)

@@ -22,13 +22,13 @@ and ``empty`` allocations run no kernel and are not counted.
 
 A copy whose source is laid out in another order than its destination (a transposed
 tensor made contiguous) is of kind **layout**: it reads with a stride and runs several
-times slower than a streaming copy (``asrfit.profiles.host``: 5-10 GB/s against 27-69 GB/s
-on the Intel Xeon of 2026-11-27). Some kernels make such a copy themselves before they run
-(:data:`CONTIGUOUS_INPUTS`: layer and group norm, softmax and convolution call
-``.contiguous()`` on their inputs, forward and backward): the copy happens below the
-dispatcher, where a fake tensor never sees it, so each non-contiguous input of those
-kernels adds a layout row of its own (a wav2vec2 feature encoder's layer norms between
-transposes: about a tenth of its CPU step).
+times slower than a streaming copy (``asrfit.profiles.host``: 1.5-7 GB/s against 27-88
+GB/s for ``add`` on the Intel Xeon of 2026-11-27). Some kernels make such a copy
+themselves before they run (:data:`CONTIGUOUS_INPUTS`: layer and group norm, softmax and
+convolution call ``.contiguous()`` on their inputs, forward and backward): the copy
+happens below the dispatcher, where a fake tensor never sees it, so each non-contiguous
+input of those kernels adds a layout row of its own (a wav2vec2 feature encoder's layer
+norms between transposes: about a tenth of its CPU step).
 
 The counts are a :class:`~asrfit.memory.roofline.StepCost`; :mod:`asrfit.memory.roofline`
 (no torch: warm plans time cached costs without importing it) turns them into seconds.

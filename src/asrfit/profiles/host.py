@@ -3,9 +3,9 @@
 Each figure is the **best** of several short repeats at the thread count the run will use
 (``torch.get_num_threads()`` unless given), and the whole set is measured twice, seconds
 apart, keeping the better of each figure (:func:`~asrfit.profiles.rates.best_of`), so that
-a moment when other processes hold the cores does not lower it, and the result is cached per machine (CPU model, cores,
-threads, torch version) under ``$ASRFIT_CACHE_DIR/host`` (or ``~/.cache/asrfit/host``), so
-a plan made now and one made during a busy hour use the same figures.
+a moment when other processes hold the cores does not lower it; the result is cached per
+machine (CPU model, cores, threads, torch version) under ``$ASRFIT_CACHE_DIR/host`` (or
+``~/.cache/asrfit/host``), so a plan made now and one made in a busy hour agree.
 
 - matmul FLOP/s per dtype: ``F.linear`` of 1024 x 1024 matrices (fp32; bf16 512);
 - convolution FLOP/s per dtype: a 1-D convolution of 128 channels, kernel 5;
@@ -16,8 +16,7 @@ a plan made now and one made during a busy hour use the same figures.
 - curves: ``F.linear`` and seven convolutions (forward + backward) at several shapes, as
   FLOPs per byte against FLOP/s, ``torch.add`` into arrays of 256 KiB to 256 MiB, and
   layer norm, softmax, GELU, ``bernoulli_`` and a transposing copy at 256 KiB to 16 MiB,
-  as bytes moved
-  against bytes/s (see :class:`~asrfit.profiles.rates.DeviceRates`);
+  as bytes moved against bytes/s (see :class:`~asrfit.profiles.rates.DeviceRates`);
 - fused attention FLOP/s per dtype, forward + backward, and the seconds of one call,
   forward and backward, at a grid of lengths and head dims;
 - fixed seconds per kernel by kind, per module call and per optimizer kernel:
@@ -52,7 +51,7 @@ from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-HOST_RATES_VERSION = 21  # bump when a micro-benchmark changes
+HOST_RATES_VERSION = 22  # bump when a micro-benchmark changes
 _MATMUL_N = 1024
 _BANDWIDTH_NUMEL = 4 << 20
 
@@ -253,9 +252,11 @@ def _kind_bandwidths() -> dict[str, float]:
 
 
 def _layout_copy(x: Any, out: Any) -> Any:
-    """Copy ``x`` transposed into ``out`` (same size): a copy that changes the layout, as
-    ``.contiguous()`` on a transposed tensor does."""
-    return out.view(x.shape[1], x.shape[0]).copy_(x.t())
+    """Copy ``x`` as (4, T, 64) into ``out`` as (4, 64, T), as a kernel's ``.contiguous()``
+    of a transposed (batch, time, channels) tensor does: not a 2-D transpose, which PyTorch
+    copies with a blocked kernel that 3-D tensors never reach (16 MiB arrays on the Intel
+    Xeon of 2026-11-27: 8.8 GB/s for a 2-D transpose, 1.5 GB/s for this one)."""
+    return out.view(4, 64, -1).copy_(x.reshape(4, -1, 64).transpose(1, 2))
 
 
 _KIND_CURVE_NUMELS = (1 << 16, 1 << 19, 1 << 22)
@@ -272,8 +273,8 @@ def _kind_bandwidth_curves() -> dict[str, dict[str, list[list[float]]]]:
     1.1-1.2 GB/s from 256 KiB to 16 MiB on the development machine, while ``add`` ran at 90
     GB/s at 256 KiB and 27 GB/s at 16 MiB: docs/step_time.md); scaling them by ``add``'s
     curve priced a dropout mask of a small step 4-5x too cheap. A transposing copy reads
-    with a stride: 5-10 GB/s up to 4 MiB and 1.5 GB/s at 16 MiB on the Intel Xeon of
-    2026-11-27, where a streaming copy ran at 27-69 GB/s.
+    with a stride: 6-7 GB/s at 256 KiB and 2 MiB and 1.5 GB/s at 16 MiB on the Intel Xeon
+    of 2026-11-27, where ``add`` streamed at 27-88 GB/s.
     """
     import torch
     import torch.nn.functional as F

@@ -169,9 +169,9 @@ class DeviceRates(JsonDataclass):
     def bandwidth(self, kind: str, nbytes: float | None = None) -> float:
         """Bytes per second that kernels of ``kind`` move. With ``nbytes``: read off the
         kind's own curve where one was measured (``rate_curves["bandwidth:<kind>"]``: norm,
-        softmax, activation, random and layout on a CPU), else the kind's figure scaled by how the
-        streaming (``add``) bandwidth at ``nbytes`` compares with the one at the size the
-        figures were measured at (:data:`BANDWIDTH_BYTES`)."""
+        softmax, activation, random and layout on a CPU), else the kind's figure scaled by
+        how the streaming (``add``) bandwidth at ``nbytes`` compares with the one at the
+        size the figures were measured at (:data:`BANDWIDTH_BYTES`)."""
         own = self.rate_curves.get(f"bandwidth:{kind}", {}).get("fp32")
         if own and nbytes is not None and nbytes > 0:  # the kind's own curve, where measured
             return _interpolate(own, nbytes)
