@@ -287,12 +287,14 @@ class OpCounter(TorchDispatchMode):
         key = (phase, kind, dtype, flops, nbytes, tensors, shape)
         counts = self.counts.setdefault(step, Counter())
         counts[key] += weight
+        calls = 1
         for i in CONTIGUOUS_INPUTS.get(name, ()):  # the copies the kernel makes itself
             t = args[i] if i < len(args) else None
             if isinstance(t, torch.Tensor) and _needs_layout_copy(t):
                 copied = t.numel() * t.element_size()
                 counts[(phase, "layout", _dtype_key(t.dtype), 0, 2 * copied, 1, None)] += weight
-        self.traced[step] += phase in STEP_PHASES
+                calls += 1
+        self.traced[step] += calls if phase in STEP_PHASES else 0
 
     def cost(self, step: int | None = None, phases: tuple[str, ...] = STEP_PHASES) -> StepCost:
         """The step's kernels (Default: the last step), rows sorted for a stable cache."""
