@@ -36,7 +36,7 @@ KINDS = (
     "random",
     "module",
 )
-RUNTIME_VERSION = 8  # bump when the counts of OpCounter change (simulation cache key)
+RUNTIME_VERSION = 9  # bump when the counts of OpCounter change (simulation cache key)
 STEP_PHASES = ("forward", "backward", "optimizer", "zero_grad")
 GPU_FOREACH_TENSORS_PER_LAUNCH = 48
 
