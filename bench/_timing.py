@@ -73,6 +73,18 @@ def _time_steps(case: _grid.Case, device: str, warmup: int, steps: int) -> list[
     """Build the case's real model and time ``steps`` steps after ``warmup`` unmeasured."""
     model = _grid.build_real_model(case, device)
     optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
+    return timed_steps(case, model, optimizer, device, warmup, steps)
+
+
+def timed_steps(
+    case: _grid.Case,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: str,
+    warmup: int,
+    steps: int,
+) -> list[float]:
+    """Seconds of ``steps`` real steps of ``model`` after ``warmup`` unmeasured ones."""
     times = []
     for i in range(warmup + steps):
         started = time.perf_counter()

@@ -21,7 +21,6 @@ import argparse
 import collections
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _grid  # noqa: E402
+from _timing import timed_steps  # noqa: E402
 
 from asrfit.memory.adapters import hf_adapter  # noqa: E402
 from asrfit.memory.optimizers import make_optimizer  # noqa: E402
@@ -63,13 +63,7 @@ def main() -> None:
         calls[row[1]] += row[6]
     model = _grid.build_real_model(case, "cpu")
     optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
-    for i in range(3):
-        _grid._train_step(case, model, optimizer, "cpu", i)
-    times = []
-    for i in range(9):
-        started = time.perf_counter()
-        _grid._train_step(case, model, optimizer, "cpu", 3 + i)
-        times.append(time.perf_counter() - started)
+    times = timed_steps(case, model, optimizer, "cpu", warmup=3, steps=9)
     print(
         f"{case.name}: predicted {step_seconds(sim.cost, rates) * 1e3:.1f} ms, measured "
         f"{statistics.median(times) * 1e3:.1f} ms (median of 9), fastest {min(times) * 1e3:.1f} ms"

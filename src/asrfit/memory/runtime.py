@@ -168,7 +168,7 @@ def _needs_layout_copy(t: torch.Tensor) -> bool:
     return not (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
 
 
-def _layout_copy(name: str, args: tuple, out: Any) -> bool:
+def _is_layout_copy(name: str, args: tuple, out: Any) -> bool:
     """True for an explicit copy (``copy_``, ``clone``, ``_to_copy``) whose source is laid
     out in another order than its result."""
     if name not in _LAYOUT_COPIES or not args or not isinstance(args[0], torch.Tensor):
@@ -266,7 +266,7 @@ class OpCounter(TorchDispatchMode):
         nbytes = sum(_tensor_bytes(t) for t in {id(t): t for t in inputs}.values())
         nbytes += sum(_tensor_bytes(t) for t in {id(t): t for t in outputs}.values())
         kind = "optimizer" if phase in ("optimizer", "zero_grad") else op_kind(name)
-        if kind == "copy" and _layout_copy(name, args, out):
+        if kind == "copy" and _is_layout_copy(name, args, out):
             kind = "layout"
         flops = 0
         shape = None
