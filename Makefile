@@ -21,7 +21,8 @@ SPEECH_MODEL ?= conformer-ctc-small
 # reached dev CER 9.9 % greedy after 12 epochs, the tiny model 11.0 % after 20 and 16.5 % after 8
 # without SpecAugment; 12 epochs of the 2.7 h corpus took 15.5 minutes on 2 idle cores. With a
 # 64-channel subsampling front-end epochs took 63-66 s against 77-78 s on 2 idle cores, so 13 of
-# them (about 14 minutes) fit in the 15; they reached dev CER 9.3 % greedy.
+# them (about 14 minutes) fit in the 15; they reached dev CER 9.3 % greedy. On the Intel Xeon host of
+# 2026-11-27 (with the faster CPU dropout) epochs took 95-124 s: 23.9 minutes, dev CER 10.0 %.
 SPEECH_TRAIN_ARGS ?= --target-batch 8 --epochs 13 --lr 2e-3 --set subsampling_conv_channels=64
 
 .PHONY: demo demo-speech test lint bench clean

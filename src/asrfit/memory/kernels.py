@@ -184,16 +184,19 @@ def _spec_augment_spans_on_host() -> Iterator[None]:
 
 @contextlib.contextmanager
 def device_kernels(target: str) -> Iterator[None]:
-    """Run attention as ``target`` ("cuda" or "cpu") would, for the duration of the block."""
+    """Run attention and dropout as ``target`` ("cuda" or "cpu") would, in the block."""
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: use one of {', '.join(TARGETS)}.")
     with _mask_checks_use_values(), _spec_augment_spans_on_host():
         if target == "cpu":
             yield
             return
+        from asrfit.models.dropout import host_kernels
+
         F.scaled_dot_product_attention = _cuda_sdpa
         try:
-            yield
+            with host_kernels(False):  # the GPU's dropout and attention, not the CPU's
+                yield
         finally:
             F.scaled_dot_product_attention = _ORIGINAL_SDPA
 

@@ -1,7 +1,7 @@
 """Saved models that load without asrfit: transformers' custom-code convention.
 
 :func:`write_remote_code` copies the built-in Conformer's own modules (config, layers,
-decoder, modeling, log-mel features, feature extractor, and the small asrfit modules they use)
+decoder, modeling, dropout, log-mel features, feature extractor, and the small asrfit modules they use)
 into its model folder, with their ``from asrfit...`` imports made relative, and writes the
 ``auto_map`` entries that point transformers at them. Then, in a Python that has no asrfit::
 
@@ -43,6 +43,7 @@ TOKENIZER_FILES: dict[str, str] = {
 REMOTE_FILES: dict[str, str] = {
     "asrfit.errors": "asrfit_errors.py",
     "asrfit.models.logmel": "asrfit_logmel.py",
+    "asrfit.models.dropout": "asrfit_dropout.py",
     "asrfit.models.conformer.config": "configuration_asrfit_conformer.py",
     "asrfit.models.conformer.layers": "asrfit_conformer_layers.py",
     "asrfit.models.conformer.decoder": "asrfit_conformer_decoder.py",

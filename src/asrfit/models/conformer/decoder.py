@@ -22,6 +22,7 @@ from torch import nn
 from asrfit.errors import ShapeError
 from asrfit.models.conformer.config import ConformerCTCConfig
 from asrfit.models.conformer.layers import FeedForward, MultiHeadAttention
+from asrfit.models.dropout import Dropout
 
 IGNORE_INDEX = -100
 
@@ -61,7 +62,7 @@ class DecoderLayer(nn.Module):
         self.cross_norm = nn.LayerNorm(d_model)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.ffn = FeedForward(d_model, ffn_mult, dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None
@@ -85,7 +86,7 @@ class ConformerDecoder(nn.Module):
         self.max_target_positions = config.max_target_positions
         self.embed_tokens = nn.Embedding(config.decoder_vocab_size, d)
         self.embed_positions = nn.Embedding(config.max_target_positions, d)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(d, config.decoder_attention_heads, config.ffn_mult, config.dropout)
             for _ in range(config.decoder_layers)

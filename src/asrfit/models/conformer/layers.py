@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asrfit.models.conformer.config import ConformerCTCConfig, subsampled_frames
+from asrfit.models.dropout import Dropout, attention
 
 
 class FeedForward(nn.Module):
@@ -23,7 +24,7 @@ class FeedForward(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.fc1 = nn.Linear(d_model, ffn_mult * d_model)
         self.fc2 = nn.Linear(ffn_mult * d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, D) -> (B, T, D)``."""
@@ -66,8 +67,8 @@ class MultiHeadAttention(nn.Module):
         kv = self.kv_proj(source).view(batch, source.shape[1], 2, heads, head_dim)
         k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
         mask = key_mask[:, None, None, :] if key_mask is not None else None
-        # Looked up at call time: the memory simulator swaps in the CUDA kernels' shapes.
-        out = F.scaled_dot_product_attention(
+        # SDPA, or on a CPU with dropout its math path with a fast mask (asrfit.models.dropout)
+        out = attention(
             q,
             k,
             v,
@@ -123,7 +124,7 @@ class ConvModule(nn.Module):
         )
         self.conv_norm = nn.LayerNorm(d_model)
         self.pointwise_conv2 = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, frame_mask: torch.Tensor | None) -> torch.Tensor:
         """``(B, T, D) -> (B, T, D)``; ``frame_mask`` (B, T) True at real frames, or None."""
@@ -146,7 +147,7 @@ class ConformerBlock(nn.Module):
         self.conv = ConvModule(d, config.conv_kernel_size, p)
         self.ffn2 = FeedForward(d, config.ffn_mult, p)
         self.final_norm = nn.LayerNorm(d)
-        self.dropout = nn.Dropout(p)
+        self.dropout = Dropout(p)
 
     def forward(self, x: torch.Tensor, frame_mask: torch.Tensor | None) -> torch.Tensor:
         """``(B, T, D) -> (B, T, D)``; ``frame_mask`` (B, T) True at real frames, or None."""
@@ -175,7 +176,7 @@ class ConformerEncoder(nn.Module):
         super().__init__()
         self.d_model = config.d_model
         self.subsampling = ConvSubsampling(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(ConformerBlock(config) for _ in range(config.encoder_layers))
         self.gradient_checkpointing = False
 

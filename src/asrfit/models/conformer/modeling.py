@@ -43,6 +43,7 @@ from asrfit.errors import ConfigError
 from asrfit.models.conformer.config import ConformerCTCConfig
 from asrfit.models.conformer.decoder import ConformerDecoder
 from asrfit.models.conformer.layers import ConformerEncoder, length_mask
+from asrfit.models.dropout import Dropout
 
 
 @dataclass
@@ -79,7 +80,7 @@ class ConformerForCTC(PreTrainedModel):
     def __init__(self, config: ConformerCTCConfig) -> None:
         super().__init__(config)
         self.encoder = ConformerEncoder(config)
-        self.ctc_dropout = nn.Dropout(config.dropout)
+        self.ctc_dropout = Dropout(config.dropout)
         self.ctc_head = nn.Linear(config.d_model, config.vocab_size)
         self.decoder = ConformerDecoder(config) if config.decoder_layers > 0 else None
         self.post_init()

@@ -1,0 +1,115 @@
+"""Dropout, and attention with dropout, that run fast on a CPU.
+
+PyTorch's CPU dropout draws one Bernoulli number per element with ``bernoulli_``, one at a
+time from the Mersenne twister; in a training step of the built-in Conformer (6 layers of
+128, batch 8 x 5 s, 2 threads) it took a quarter of the step. And scaled-dot-product
+attention with dropout has no fused CPU kernel: it runs PyTorch's *math* path, whose
+dropout is the same ``bernoulli_`` over the ``(B, H, T, T)`` probabilities.
+
+Here a mask element costs 16 random bits: 64-bit words from the same generator (so
+``torch.manual_seed`` and the saved RNG state govern it as they do ``F.dropout``), viewed as
+four int16 lanes, each compared with a threshold. The drop probability is ``p`` rounded to
+a multiple of 1/65536 and the kept values are scaled by the exact inverse of the keep
+probability, so the output's expectation is the input, as with ``F.dropout``. Backward keeps
+a boolean mask, as ``native_dropout`` does.
+
+Only CPU tensors take this path; on a GPU (and when the memory simulator traces a step for
+a GPU on fake CPU tensors: :func:`host_kernels`) the calls are PyTorch's own dropout and
+fused attention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_LANES = 65536  # values of one int16 lane
+_HOST_KERNELS = True  # CPU tensors take the fast path (off while tracing for a GPU)
+
+
+@contextlib.contextmanager
+def host_kernels(enabled: bool) -> Iterator[None]:
+    """Let CPU tensors take the fast path (``enabled``) or PyTorch's own kernels, in a block.
+
+    The memory simulator traces a step for a GPU on fake CPU tensors: there the step must
+    run what the GPU would (``host_kernels(False)``).
+    """
+    global _HOST_KERNELS
+    previous, _HOST_KERNELS = _HOST_KERNELS, enabled
+    try:
+        yield
+    finally:
+        _HOST_KERNELS = previous
+
+
+def _fast(tensor: torch.Tensor, p: float) -> bool:
+    return _HOST_KERNELS and tensor.device.type == "cpu" and 0.0 < p < 1.0
+
+
+def drop_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, float]:
+    """A boolean mask, True where an element is dropped, and the scale for the kept ones.
+
+    Each element is dropped with probability ``round(p * 65536) / 65536``; the scale is the
+    inverse of the keep probability.
+    """
+    numel = shape.numel()
+    dropped = round(p * _LANES)
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device)
+    words.random_(-(2**63), 2**63 - 1)  # the whole 64 bits (random_() leaves the sign bit 0)
+    lanes = words.view(torch.int16)[:numel].view(shape)
+    return lanes < dropped - _LANES // 2, _LANES / (_LANES - dropped)
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``F.dropout(x, p, training)``, with the fast mask on a CPU."""
+    if not training or p == 0.0:
+        return x
+    if not _fast(x, p):
+        return F.dropout(x, p, training=True)
+    drop, scale = drop_mask(x.shape, p, x.device)
+    return torch.where(drop, 0.0, x) * scale  # backward keeps ``drop`` (faster than masked_fill)
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` that uses :func:`dropout` (the same module name and ``p``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Drop elements of ``x`` with probability ``p`` in training."""
+        return dropout(x, self.p, self.training)
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``; with dropout on a CPU, its math path with the fast
+    mask (what PyTorch's CPU kernel runs then, but for the dropout).
+
+    ``attn_mask``: boolean (True attends) or additive float, broadcast to ``(B, H, T, S)``.
+    Every query must attend to at least one key (a fully masked row gives NaN here, zeros in
+    PyTorch's math path).
+    """
+    if not _fast(query, dropout_p):
+        # looked up at call time: the memory simulator swaps in the CUDA kernels' shapes
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+        )
+    scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-2, -1))
+    if is_causal:
+        length, source = scores.shape[-2:]
+        future = torch.ones(length, source, dtype=torch.bool, device=query.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    return torch.matmul(dropout(scores.softmax(-1), dropout_p), value)
