@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from asrfit.models.dropout import host_kernels
+
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
 TARGETS = ("cuda", "cpu")
 
@@ -191,8 +193,6 @@ def device_kernels(target: str) -> Iterator[None]:
         if target == "cpu":
             yield
             return
-        from asrfit.models.dropout import host_kernels
-
         F.scaled_dot_product_attention = _cuda_sdpa
         try:
             with host_kernels(False):  # the GPU's dropout and attention, not the CPU's
