@@ -203,7 +203,7 @@ class Case:
     @property
     def input_length(self) -> int:
         """Model-input steps: audio samples (wav2vec2 family) or log-mel frames."""
-        if self.arch.startswith("parakeet") or self.arch == "whisper":
+        if self.arch.startswith(("parakeet", "whisper")):
             return round(self.seconds * MEL_FRAMES_PER_SECOND)
         return round(self.seconds * SAMPLE_RATE)
 
@@ -297,9 +297,11 @@ def build_real_model(case: Case, device: str = "cpu") -> nn.Module:
     if hasattr(model, "freeze_feature_encoder"):
         model.freeze_feature_encoder()
     if case.checkpointing:
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:  # the name earlier 5.x releases use (5.17 on the GPU machine)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.to(device)
     model.train()
     return model
@@ -315,7 +317,7 @@ def make_real_inputs(case: Case, config: Any, device: str = "cpu") -> dict[str, 
     dtype = _float_dtype(case.setup)
     gen = torch.Generator().manual_seed(0)
     labels = torch.randint(1, max(2, config.vocab_size - 1), (b, u), generator=gen)
-    if case.arch == "whisper":
+    if case.arch.startswith("whisper"):
         feats = torch.randn(b, config.num_mel_bins, 2 * config.max_source_positions, dtype=dtype)
         inputs = {"input_features": feats, "labels": labels}
     elif case.arch.startswith("parakeet"):
@@ -353,11 +355,20 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer, device: str) -> list[to
 
 
 def _train_step(
-    case: Case, model: nn.Module, optimizer: torch.optim.Optimizer, device: str, step: int
+    case: Case,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: str,
+    step: int,
+    inputs: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """One step in the simulator's order: inputs, forward+loss, backward, drop, step, zero."""
+    """One step in the simulator's order: inputs, forward+loss, backward, drop, step, zero.
+
+    ``inputs``: a batch already on ``device`` (made afresh, on the CPU and copied, if None).
+    """
     with torch.profiler.record_function(_STEP_MARK.format(step)):
-        inputs = make_real_inputs(case, model.config, device)
+        if inputs is None:
+            inputs = make_real_inputs(case, model.config, device)
         with _autocast(case, device):
             loss = model(**inputs).loss
         loss.backward()

@@ -84,11 +84,18 @@ def timed_steps(
     warmup: int,
     steps: int,
 ) -> list[float]:
-    """Seconds of ``steps`` real steps of ``model`` after ``warmup`` unmeasured ones."""
+    """Seconds of ``steps`` real steps of ``model`` after ``warmup`` unmeasured ones.
+
+    On a GPU every step takes one batch made on the device beforehand, as a data loader
+    hands it over: making it (``randn`` on the CPU, a copy to the device) is not step time
+    (the first GPU run, 2026-11-27, timed it inside the step). On a CPU each step makes its
+    batch, as the CPU step-time figures were measured.
+    """
     times = []
+    batch = _grid.make_real_inputs(case, model.config, device) if device == "cuda" else None
     for i in range(warmup + steps):
         started = time.perf_counter()
-        _grid._train_step(case, model, optimizer, device, i)
+        _grid._train_step(case, model, optimizer, device, i, batch)
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - started)

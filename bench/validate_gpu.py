@@ -3,7 +3,10 @@
 Run (on a machine with a CUDA GPU and a CUDA build of torch):
 ``PYTHONPATH=src .venv/bin/python bench/validate_gpu.py --device cuda --out docs/benchmarks.md``
 
-1. The grid of ``bench/_grid.py`` (the same 30 cases as the CPU benchmark): each case is
+1. Each item of ``docs/memory_cuda.md`` that a CPU trace cannot see (allocator rounding
+   and segments, cuBLAS workspace, cuDNN convolution workspace, RNN reserve space,
+   attention kernel buffers), checked on its own by ``bench/_gpu_effects.py``.
+2. The grid of ``bench/_grid.py`` (the same 30 cases as the CPU benchmark): each case is
    simulated with ``target="cuda"`` and run for real on the GPU; the second step's
    ``torch.cuda.max_memory_allocated`` is compared with ``StepMemory.peak_bytes`` (live
    storages rounded to 512-byte blocks), and ``max_memory_reserved`` with
@@ -11,19 +14,22 @@ Run (on a machine with a CUDA GPU and a CUDA build of torch):
    workspaces are allocated once by a warm-up matmul before the first case and measured on
    their own; each case's bytes are counted above what was allocated before its model was
    built, so ``measured`` holds the step's own bytes, as ``peak_bytes`` does.
-2. The out-of-memory boundary of base-size models (wav2vec2-base at 16 s, whisper-base):
-   the batch size doubles until ``torch.cuda.OutOfMemoryError`` and is then bisected; the
-   largest batch that runs is compared with the largest batch whose predicted reserved
-   bytes fit in the memory free on the GPU at start.
-3. Each item of ``docs/memory_cuda.md`` that a CPU trace cannot see (allocator rounding
-   and segments, cuBLAS workspace, cuDNN convolution workspace, RNN reserve space,
-   attention kernel buffers), checked on its own by ``bench/_gpu_effects.py``.
-
 3. Step time (unless ``--skip-timing``): the cases of ``bench/step_time_accuracy.py`` plus
    a base-size wav2vec2 group, each simulated with ``target="cuda"`` and timed by the per-op
    roofline on the detected GPU's catalog rates (:func:`asrfit.profiles.rates.gpu_rates`),
    against the median of 7 real steps after 2 warm-ups (``torch.cuda.synchronize`` around
-   each). Written as its own section, ``step-time-accuracy-gpu``.
+   each; the batch is made on the GPU before the timed steps). Written as its own section,
+   ``step-time-accuracy-gpu``.
+4. The out-of-memory boundary of base-size models (unless ``--skip-oom``; wav2vec2-base at
+   16 s, whisper-base): the batch size doubles until ``torch.cuda.OutOfMemoryError`` and is
+   then bisected; the largest batch that runs is compared with the largest batch whose
+   predicted reserved bytes fit in the memory free on the GPU at start.
+
+Each section is written into ``--out`` as soon as its part ends, so that a run stopped by a
+time limit keeps what it measured. ``--cases`` keeps the grid and step-time cases whose
+name contains one of the given strings. On a lent GPU (no network) run it with the
+machine's own torch and ``HF_HUB_OFFLINE=1``: the 2026-11-27 run on an H200 took 260 s for
+everything but whisper-base's boundary search (which did not finish in the 130 s left).
 
 Without CUDA it prints why and exits with status 0 without touching ``--out``.
 """
@@ -281,13 +287,14 @@ def main() -> None:
             print(f"validate_gpu: {args.out} is unchanged.", file=sys.stderr)
         raise SystemExit(0)
     _load()
-    torch.cuda.set_device(args.device)
+    # set_device needs an index: plain "cuda" is the first device
+    torch.cuda.set_device(torch.device(args.device if ":" in args.device else "cuda:0"))
     device = "cuda"
     budget_bytes = torch.cuda.mem_get_info()[0]
     workspace_bytes = measure_workspace_bytes(device)
     import _gpu_effects
 
-    effects = _gpu_effects.run_all(device)
+    effects = _gpu_effects.run_all(device, workspace_bytes)
     _release(device)
     cases = [c for c in _grid.grid() if not args.cases or any(s in c.name for s in args.cases)]
     rows = []
@@ -308,41 +315,52 @@ def main() -> None:
                 flush=True,
             )
         rows.append(row)
-    booms = []
-    if not args.skip_oom:
-        for spec in OOM_CONFIGS:
-            try:
-                boom = oom_boundary(spec, device, budget_bytes)
-            except Exception as exc:  # keep the grid's results when a search breaks
-                _release(device)
-                message = f"{type(exc).__name__}: {exc}".splitlines()[0][:100]
-                boom = {
-                    "config": " ".join(map(str, spec)),
-                    "real": message,
-                    "predicted": "-",
-                    "seconds": "-",
-                }
-            booms.append(boom)
-            print(
-                f"OOM boundary {boom['config']}: runs up to {boom['real']}, predicted {boom['predicted']}",
-                flush=True,
-            )
-    section = (
-        render(rows, workspace_bytes, booms, budget_bytes) + "\n" + _gpu_effects.render(effects)
-    )
-    print("\n" + section)
-    if args.out:
-        _grid.write_section(args.out, SECTION, section)
-        print(f"\nwrote {args.out}")
+
+    def write_memory(booms: list[dict]) -> None:
+        section = (
+            render(rows, workspace_bytes, booms, budget_bytes) + "\n" + _gpu_effects.render(effects)
+        )
+        print("\n" + section, flush=True)
+        if args.out:
+            _grid.write_section(args.out, SECTION, section)
+            print(f"\nwrote {args.out}", flush=True)
+
+    # Written as each part ends (the grid, the step times, the out-of-memory searches), so
+    # that a run stopped by a time limit keeps what it measured.
+    write_memory([])
     if not args.skip_timing:
-        timing = step_time_section(device)
-        print("\n" + timing)
+        timing = step_time_section(device, args.cases)
+        print("\n" + timing, flush=True)
         if args.out:
             _grid.write_section(args.out, TIMING_SECTION, timing)
+    if args.skip_oom:
+        return
+    booms = []
+    for spec in OOM_CONFIGS:
+        try:
+            boom = oom_boundary(spec, device, budget_bytes)
+        except Exception as exc:  # keep the grid's results when a search breaks
+            _release(device)
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0][:100]
+            boom = {
+                "config": " ".join(map(str, spec)),
+                "real": message,
+                "predicted": "-",
+                "seconds": "-",
+            }
+        booms.append(boom)
+        print(
+            f"OOM boundary {boom['config']}: runs up to {boom['real']}, predicted {boom['predicted']}",
+            flush=True,
+        )
+        write_memory(booms)
 
 
-def step_time_section(device: str) -> str:
-    """Predicted vs measured step time of the step-time cases on this GPU (markdown)."""
+def step_time_section(device: str, only: list[str] | None = None) -> str:
+    """Predicted vs measured step time of the step-time cases on this GPU (markdown).
+
+    ``only``: keep the cases whose name contains one of these strings (all when empty).
+    """
     import statistics
 
     import step_time_accuracy as sta
@@ -360,6 +378,7 @@ def step_time_section(device: str) -> str:
         *sta.held_out_cases(),
         *sta._group("wav2vec2-base", "adamw", 8.0, 100),
     ]
+    cases = [c for c in cases if not only or any(s in c.name for s in only)]
     lines = [
         f"## Step time: predicted vs measured ({spec.name})",
         "",

@@ -26,7 +26,7 @@ def test_profile_json_has_three_profiles(tmp_path: Path) -> None:
         ["profile", "--gpu", "L4", "--data", str(manifest), "--model", "wav2vec2-base", "--json"],
     )
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["dataset"]["num_utterances"] == 1
     assert data["dataset"]["total_seconds"] == 2.0
     assert data["model"]["family"] == "wav2vec2"
@@ -57,7 +57,7 @@ def test_memory_json_breakdown_sums_and_verdicts() -> None:
     base = ["memory", "--model", "wav2vec2-base", "--batch", "1", "--seconds", "1", "--json"]
     result = CliRunner().invoke(cli, [*base, "--gpu", "H100"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     step = report["step"]
     assert sum(step["breakdown_bytes"].values()) == step["peak_bytes"]
     # 94.4M params fp32 (frozen conv encoder included) and AdamW state for the trainable part.

@@ -235,7 +235,7 @@ def test_precision_follows_the_gpu() -> None:
 def test_memory_on_a_t4_defaults_to_fp16() -> None:
     result = CliRunner().invoke(cli, [*MEMORY, "--gpu", "T4", "--json"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     assert report["setup"]["precision"] == "fp16"
     assert "T4" in report["precision_reason"] and "loss scaling" in report["precision_reason"]
     # a peak with (nearly) no gradients is explained, and only then
@@ -279,4 +279,4 @@ def test_demo_data_json(tmp_path: Path) -> None:
     ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    assert "train split" in json.loads(result.output)
+    assert "train split" in json.loads(result.stdout)

@@ -151,7 +151,7 @@ def test_report_writes_html_and_pngs(run: tuple[Path, str]) -> None:
     run_dir, _ = run
     result = CliRunner().invoke(cli, ["report", str(run_dir), "--json"])
     assert result.exit_code == 0, result.output
-    written = json.loads(result.output)
+    written = json.loads(result.stdout)
     page = Path(written["report_html"]).read_text()
     for name in ("memory.png", "durations.png", "curves.png", "throughput.png"):
         png = run_dir / name

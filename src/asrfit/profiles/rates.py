@@ -20,7 +20,8 @@ from asrfit.utils.serialization import JsonDataclass
 # Share of the datasheet peak that large cuBLAS/cuDNN GEMMs reach in training (dense
 # tensor-core GEMMs of the sizes ASR encoders use run at 60-80 % of peak on A100/H100/L4),
 # and of the datasheet bandwidth that streaming elementwise kernels reach (80-90 %).
-# Stated assumptions until bench/validate_gpu.py has measured a GPU.
+# Stated assumptions: the first GPU run of bench/validate_gpu.py (an H200, 2026-11-27) timed
+# only small steps, bound by host work, which checks neither figure (docs/benchmarks.md).
 GPU_MATMUL_EFFICIENCY = 0.7
 GPU_BANDWIDTH_EFFICIENCY = 0.85
 # A GPU kernel's smallest duration plus the gap between launches (~5 us), and the host
