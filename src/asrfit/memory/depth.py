@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from asrfit.memory.adapters import BatchShape, StepAdapter
-from asrfit.memory.allocator import segment_bytes
+from asrfit.memory.allocator import segment_overhead_bytes
 from asrfit.memory.reduced import (
     Layout,
     Mismatch,
@@ -387,7 +387,7 @@ def _extrapolate(
         step_peaks_bytes=step_peaks,
         peak_phase=peak_phase,
         largest_transient_bytes=transient.pop(),
-        peak_segment_bytes=segment_bytes(block_sizes),
+        peak_segment_bytes=peak + segment_overhead_bytes(block_sizes),
         phase_peaks_bytes=phase_peaks,
         optimizer_state_bytes=value("optimizer state", [r.optimizer_state_bytes for r in runs]),
         flops=value("FLOPs", [r.flops for r in runs]),

@@ -16,6 +16,17 @@ makes the same choice PyTorch's CUDA dispatcher makes (flash, then memory-effici
 math) and calls that kernel's aten op; the ops' meta implementations give exact output
 and saved-tensor shapes on fake CPU tensors, forward and backward. Under autocast the
 inputs are cast to the autocast dtype first, as CUDA autocast does for attention.
+
+Dropout differs the same way. ``aten::dropout`` on a CUDA tensor runs the fused
+``native_dropout`` kernel (``is_fused_kernel_acceptable`` in PyTorch's
+``aten/src/ATen/native/Dropout.cpp``), whose backward keeps a *boolean* mask, 1 byte per
+element; on a CPU tensor it draws a noise tensor of the input's dtype (``bernoulli_``,
+``div_``) and multiplies, and the multiplication keeps that noise for backward: 4 bytes per
+element in fp32. Traced on fake CPU tensors for a GPU, every dropout of a training step
+kept 3 bytes per element too many (wav2vec2-base, fp32, 16 s: 0.63 GB per utterance
+predicted against about 0.5 GB real on an H200, docs/benchmarks.md). With
+``target="cuda"`` the out-of-place ``torch.nn.functional.dropout`` calls ``native_dropout``;
+in-place dropout (``dropout_``) takes the noise path on CUDA too and is left as it is.
 """
 
 from __future__ import annotations
@@ -31,7 +42,17 @@ import torch.nn.functional as F
 from asrfit.models.dropout import host_kernels
 
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
+_ORIGINAL_DROPOUT = F.dropout
 TARGETS = ("cuda", "cpu")
+
+
+def _cuda_dropout(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> torch.Tensor:
+    """``F.dropout`` as a CUDA tensor runs it: the fused kernel where ATen picks it."""
+    if training and not inplace and 0.0 < p < 1.0 and input.numel() > 0:
+        return torch.native_dropout(input, p, True)[0]
+    return _ORIGINAL_DROPOUT(input, p, training, inplace)
 
 
 def _cuda_sdpa(
@@ -194,11 +215,13 @@ def device_kernels(target: str) -> Iterator[None]:
             yield
             return
         F.scaled_dot_product_attention = _cuda_sdpa
+        F.dropout = _cuda_dropout
         try:
             with host_kernels(False):  # the GPU's dropout and attention, not the CPU's
                 yield
         finally:
             F.scaled_dot_product_attention = _ORIGINAL_SDPA
+            F.dropout = _ORIGINAL_DROPOUT
 
 
 def sdpa_is_patched() -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from asrfit.memory.adapters import BatchShape, StepAdapter
-from asrfit.memory.allocator import segment_bytes
+from asrfit.memory.allocator import segment_overhead_bytes
 from asrfit.memory.engine import plain_accumulation, plain_composites
 from asrfit.memory.kernels import device_kernels
 from asrfit.memory.lattice import sample_transducer_loop
@@ -93,7 +94,7 @@ def _analyse(
         step_peaks[1:],
         phase,
         max(transients, default=0),
-        segment_bytes(sizes),
+        peak + segment_overhead_bytes(sizes),
         phase_peaks,
     )
 
@@ -108,15 +109,16 @@ def _live_at(tracker: StorageTracker, at: int) -> tuple[dict[str, int], list[int
     for key, sign in tracker.log.events[: at + 1]:
         counts[key] = counts.get(key, 0) + sign
     breakdown = dict.fromkeys(CATEGORIES, 0)
-    sizes = [
-        round_block(blocks[key].nbytes)
-        for key, n in counts.items()
-        if n > 0 and blocks[key].tag != "host"
-    ]
+    live: Counter[int] = Counter()
     for key, n in counts.items():
         b = blocks[key]
         if n and b.tag != "host":
             breakdown[_category(b)] += n * round_block(b.nbytes)
+            live[round_block(b.nbytes)] += n
+    # A block whose free the rewrite moved before its allocation counts -1 here: it stands
+    # for a live block of its size that the accumulation wrote into, so the two cancel and
+    # the sizes add up to the running sum, as the breakdown does.
+    sizes = [size for size, n in sorted(live.items()) for _ in range(max(n, 0))]
     return breakdown, sizes
 
 
@@ -241,9 +243,10 @@ def simulate_step(
         prune: Called with the built model and the tracker before tracing (e.g. to drop
             repeated layers and label regions, :mod:`asrfit.memory.depth`); None leaves the
             model as built.
-        detail: When given, filled with ``sizes`` (the rounded sizes of the blocks live at
-            the peak, what ``peak_segment_bytes`` is computed from), ``regions`` (the last
-            step's peak per ``phase@region``) and ``peak_region`` (that of the peak).
+        detail: When given, filled with ``regions`` (per ``phase@region`` of the last step:
+            its peak, the breakdown there and the rounded sizes of the blocks live there,
+            whose segment overhead ``peak_segment_bytes`` adds to the peak) and
+            ``peak_region`` (the region of the peak).
         sample_lattice: Trace a TDT loss's loop over its lattice at a few representative
             diagonals (:mod:`asrfit.memory.lattice`); False traces every diagonal.
         optimizer_step: False skips the optimizer step (the gradients are dropped after the

@@ -132,7 +132,9 @@ class StepMemory(JsonDataclass):
         step_peaks_bytes: Rounded peak of each simulated step (the first lacks optimizer state).
         peak_phase: Phase at the peak: forward, backward, optimizer or zero_grad.
         largest_transient_bytes: Largest kernel workspace accounted inside one op.
-        peak_segment_bytes: CUDA allocator segment bytes holding the blocks live at the peak.
+        peak_segment_bytes: CUDA allocator segment bytes at the peak: ``peak_bytes`` plus what
+            the segments holding the blocks live there take beyond them
+            (:func:`asrfit.memory.allocator.segment_overhead_bytes`).
         phase_peaks_bytes: Rounded peak of each phase of the last step (forward, backward,
             optimizer, zero_grad), for cost models that separate batch-dependent phases.
         optimizer_state_bytes: Optimizer state live after the last step (rounded).
