@@ -63,7 +63,7 @@ def main() -> None:
         "Dataset: 28,539 LibriSpeech-like utterances (train-clean-100 shaped, 1.3-24.5 s). Target: 32 utterances/step.",
         "The seed documents' own claimed numbers for these examples were not provided to this repository, so the",
         "seed column applies the seed's formula (activations per sample = 10% of fp32 weight bytes) to asrfit's",
-        "longest-bucket batch instead. Predictions are for memory; throughput rests on an assumed MFU (see the plan).",
+        "longest-bucket batch instead. Throughput is the step-time model's prediction (per-op roofline on the catalog's rates; see each plan's rests-on line), not a measurement.",
         "Planning times are wall seconds on a shared 2-core machine, with the simulation cache as it was "
         "(each line says how many simulations were new); `bench/plan_speed.py` times planning on its own.",
         "",

@@ -288,7 +288,8 @@ def gpu_rates(spec: object) -> DeviceRates:
             f"x {GPU_MATMUL_EFFICIENCY} of peak FLOP/s and x {GPU_BANDWIDTH_EFFICIENCY} of "
             f"bandwidth reached by training kernels, {GPU_KERNEL_SECONDS * 1e6:g} us per kernel, "
             f"{GPU_FORWARD_KERNEL_SECONDS * 1e6:g} us host time per forward op "
-            "(stated assumptions, checked by bench/validate_gpu.py)",
+            "(stated assumptions; bench/validate_gpu.py's first GPU run timed only small, "
+            "host-bound steps, docs/benchmarks.md)",
         ],
     )
 
