@@ -61,10 +61,12 @@ def segment_overhead_bytes(block_sizes: list[int]) -> int:
     """Bytes the segments holding ``block_sizes`` take beyond the blocks themselves.
 
     A traced step's segment figure is its peak plus this overhead of the blocks live at the
-    peak, not :func:`segment_bytes` of those blocks: the blocks counted live at an instant
-    can add up to more than the peak's running sum, where the in-place accumulation of
-    gradients (:mod:`asrfit.memory.engine`) frees a block before the log allocates it
-    (wav2vec2-base, fp32, batch 64 x 16 s: 44.9 GiB of blocks against a 41.2 GiB peak).
+    peak. Until 2026-11-27 it was :func:`segment_bytes` of those blocks, and the blocks
+    counted live then included some that the in-place accumulation of gradients
+    (:mod:`asrfit.memory.engine`) had freed (wav2vec2-base, fp32, batch 64 x 16 s: 44.9 GiB
+    of blocks at a 41.2 GiB peak). They now net out to the peak; adding only the overhead to
+    the peak also keeps the figure at the peak where block counts are extrapolated from
+    traces at reduced depth (:mod:`asrfit.memory.depth`).
     """
     return segment_bytes(block_sizes) - sum(block_sizes)
 
