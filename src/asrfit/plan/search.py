@@ -46,6 +46,7 @@ from asrfit.plan.costs import (
     model_key,
 )
 from asrfit.plan.data_checks import data_warnings
+from asrfit.plan.data_side import data_decisions
 from asrfit.plan.explain import shortfall_warning
 from asrfit.plan.fingerprint import fingerprints
 from asrfit.plan.label_buckets import LABEL_PROBE_LOW, LABEL_TRACES, SHORTLIST, choose_across
@@ -69,7 +70,6 @@ OPTIMIZER_TRAFFIC_BYTES = {
     OptimizerKind.SGD: 16,
 }
 CHARS_PER_SUBWORD = 4.0  # characters per BPE token for subword vocabularies
-WORKER_HOST_BYTES = 2 << 30  # host RAM a decoding data-loader worker may use
 
 
 class PlanError(AsrfitError, ValueError):
@@ -134,11 +134,12 @@ def _apply_loader(
     """Set the loader workers from the measured worker rate; slow the plan if loading bounds it."""
     per_process = best.throughput / world
     workers, bound = loader_workers(per_process, rate, data.num_workers)
+    if data.num_workers > 0:  # with none allowed, the decision's own reason stands
+        data.reasons.append(
+            f"{workers} loader workers: one decodes + featurises {rate:,.0f} audio s/s here "
+            f"(measured), training takes {per_process:,.0f} per process"
+        )
     data.num_workers = workers
-    data.reasons.append(
-        f"{workers} loader workers: one decodes + featurises {rate:,.0f} audio s/s here "
-        f"(measured), training takes {per_process:,.0f} per process"
-    )
     if not bound:
         return best
     capacity = max(workers, 1) * rate * world
@@ -149,53 +150,6 @@ def _apply_loader(
     )
     return _Candidate(
         best.costs, best.buckets, capacity, best.epoch_seconds * best.throughput / capacity
-    )
-
-
-def _data_decisions(
-    dataset: Any, hardware: Any, world_size: int, long_utterances: str, max_seconds: float
-) -> DataDecisions:
-    durations = np.asarray(
-        dataset.duration_sample_seconds or [dataset.duration_max_seconds], dtype=float
-    )
-    long_fraction = float((durations > max_seconds).mean())
-    decoded = int(dataset.estimated_decoded_bytes)
-    host = int(hardware.host_available_bytes)
-    reasons = []
-    cache = decoded <= 0.3 * host
-    streaming = decoded > 0.8 * host
-    gib = 2**30
-    if cache:
-        reasons.append(
-            f"cache decoded audio: {decoded / gib:.2f} GiB is under 30% of {host / gib:.1f} GiB host RAM"
-        )
-    elif streaming:
-        reasons.append(
-            f"stream: decoded audio {decoded / gib:.1f} GiB exceeds 80% of host RAM {host / gib:.1f} GiB"
-        )
-    else:
-        reasons.append(
-            f"no cache: decoded audio {decoded / gib:.1f} GiB is a large share of host RAM"
-        )
-    cpus_per_process = max(1, hardware.cpu_count // max(1, world_size))
-    workers = max(
-        0, min(cpus_per_process - 1, 8, int(host // (WORKER_HOST_BYTES * max(1, world_size))))
-    )
-    reasons.append(
-        f"{workers} loader workers: {hardware.cpu_count} CPUs for {world_size} process(es), ~2 GiB RAM each"
-    )
-    if long_fraction > 0:
-        reasons.append(
-            f"{long_utterances} {long_fraction:.1%} of utterances longer than {max_seconds:g} s"
-        )
-    return DataDecisions(
-        streaming=streaming,
-        cache_decoded_audio=cache,
-        long_utterances=long_utterances,
-        max_seconds=max_seconds,
-        long_utterance_fraction=long_fraction,
-        num_workers=workers,
-        reasons=reasons,
     )
 
 
@@ -405,7 +359,7 @@ def plan(
     accum, eff_utts, eff_hours, warnings = _accumulation(
         best.buckets, world, target_effective_batch, target_hours
     )
-    data = _data_decisions(dataset, hardware, world, long_utterances, edge_max)
+    data = data_decisions(dataset, hardware, world, long_utterances, edge_max)
     warnings += data_warnings(dataset, profile)
     if loader_audio_seconds_per_second is not None:
         best = _apply_loader(best, data, world, loader_audio_seconds_per_second, warnings)
