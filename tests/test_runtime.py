@@ -194,13 +194,15 @@ def test_module_calls_are_counted_once_per_call() -> None:
     assert counter.cost().module_calls == 5
 
 
-def test_gpu_step_is_the_longer_of_host_and_device_time() -> None:
-    rates = _cpu_rates(threads=0)  # asynchronous
+def test_gpu_step_is_host_time_plus_device_time() -> None:
+    rates = _cpu_rates(threads=0, launch_seconds=3e-6)  # asynchronous
     tiny = StepCost([["forward", "elementwise", "fp32", 0, 100, 1, 1000]])
-    # device: 1000 x (1e-5 launch + 1e-7); host: 1000 x 2e-5 forward cost -> host bound
-    assert step_seconds(tiny, rates) == pytest.approx(1000 * 2e-5)
+    # device: 1000 x (3e-6 per kernel + 1e-7 of traffic); host: 1000 x 2e-5 forward cost
+    assert step_seconds(tiny, rates) == pytest.approx(1000 * (3e-6 + 1e-7) + 1000 * 2e-5)
     big = StepCost([["forward", "matmul", "fp32", 10**9, 100, 1, 1]])
-    assert step_seconds(big, rates) == pytest.approx(1e-5 + 1.0)
+    assert step_seconds(big, rates) == pytest.approx(3e-6 + 1.0 + 2e-5)
+    # without a launch figure the device's per-kernel time is kernel_seconds
+    assert step_seconds(big, _cpu_rates(threads=0)) == pytest.approx(1e-5 + 1.0 + 2e-5)
 
 
 def _mlp_adapter() -> StepAdapter:
@@ -242,6 +244,13 @@ def test_gpu_rates_come_from_the_catalog() -> None:
     )
     assert rates.memory_bytes_per_second < spec.memory_bandwidth_bytes_per_second
     assert rates.asynchronous and spec.source.url in rates.sources[0]
+    # PyTorch's defaults: fp32 matmuls without tf32 (CUDA cores), fp32 convolutions with it
+    assert rates.matmul_rate("fp32") == pytest.approx(
+        spec.fp32_tflops * 1e12 * GPU_MATMUL_EFFICIENCY
+    )
+    assert rates.conv_rate("fp32") == pytest.approx(
+        spec.tf32_tflops * 1e12 * GPU_MATMUL_EFFICIENCY
+    )
 
 
 def test_device_rates_reject_bad_figures() -> None:

@@ -28,6 +28,16 @@ predicted, where 273 utterances ran in the 139.3 GiB of an H200, at most 0.51 Gi
 docs/benchmarks.md). With
 ``target="cuda"`` the out-of-place ``torch.nn.functional.dropout`` calls ``native_dropout``;
 in-place dropout (``dropout_``) takes the noise path on CUDA too and is left as it is.
+
+Autocast differs too. The trace runs CPU autocast, whose lists leave layer norm, group
+norm, softmax, ``exp``, ``pow``, ``sum`` and the like in bf16 / fp16; CUDA autocast runs
+them in fp32 (``AT_FORALL_FP32`` and ``AT_FORALL_FP32_SET_OPT_DTYPE`` in PyTorch's
+``aten/src/ATen/autocast_mode.h``), so their outputs, and what backward keeps of them, take
+4 bytes an element instead of 2 (on an H200 a tiny wav2vec2's bf16 step peaked at 10.5 MiB
+where the CPU-autocast trace said 4.6: its feature encoder's layer norms and their fp32
+copies, from the allocator's history). With ``target="cuda"`` and mixed precision,
+:func:`_cuda_autocast_fp32` applies CUDA's fp32 policies to layer norm, group norm, softmax
+and log-softmax.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_map
 
 from asrfit.models.dropout import host_kernels
 
@@ -54,6 +65,80 @@ def _cuda_dropout(
     if training and not inplace and 0.0 < p < 1.0 and input.numel() > 0:
         return torch.native_dropout(input, p, True)[0]
     return _ORIGINAL_DROPOUT(input, p, training, inplace)
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _to_fp32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype in _LOW_PRECISION:
+        return value.float()
+    return value
+
+
+def _cuda_fp32(original: Any) -> Any:
+    """``original`` under CUDA autocast's fp32 policy (``AT_FORALL_FP32``): while autocast
+    is on, low-precision tensor arguments are cast to fp32 and the op runs with autocast
+    off, as CUDA autocast redispatches below itself."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_autocast_enabled("cpu"):
+            return original(*args, **kwargs)
+        args, kwargs = tree_map(_to_fp32, args), tree_map(_to_fp32, kwargs)
+        with torch.autocast("cpu", enabled=False):
+            return original(*args, **kwargs)
+
+    return run
+
+
+def _cuda_fp32_dtype(original: Any, dtype_at: int) -> Any:
+    """``original`` under CUDA autocast's fp32-set-optional-dtype policy
+    (``AT_FORALL_FP32_SET_OPT_DTYPE``): without a ``dtype`` argument (keyword, or
+    positional at ``dtype_at``) a low-precision input runs with ``dtype=float32``."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if (
+            not torch.is_autocast_enabled("cpu")
+            or kwargs.get("dtype") is not None
+            or len(args) > dtype_at
+            or not (isinstance(args[0], torch.Tensor) and args[0].dtype in _LOW_PRECISION)
+        ):
+            return original(*args, **kwargs)
+        with torch.autocast("cpu", enabled=False):
+            return original(*args, **{**kwargs, "dtype": torch.float32})
+
+    return run
+
+
+# (owner, name, wrapper) of the calls through which models reach CUDA autocast's fp32 ops
+# on their activations: layer and group norm, softmax and log-softmax. The other ops of
+# those lists (exp, pow, sum, losses, ...) are left to CPU autocast.
+_FP32_CALLS = (
+    (F, "layer_norm", _cuda_fp32),
+    (F, "group_norm", _cuda_fp32),
+    (F, "softmax", lambda f: _cuda_fp32_dtype(f, 3)),
+    (F, "log_softmax", lambda f: _cuda_fp32_dtype(f, 3)),
+    (torch, "softmax", lambda f: _cuda_fp32_dtype(f, 2)),
+    (torch, "log_softmax", lambda f: _cuda_fp32_dtype(f, 2)),
+    (torch.Tensor, "softmax", lambda f: _cuda_fp32_dtype(f, 2)),
+    (torch.Tensor, "log_softmax", lambda f: _cuda_fp32_dtype(f, 2)),
+)
+
+
+@contextlib.contextmanager
+def _cuda_autocast_fp32() -> Iterator[None]:
+    """CUDA autocast's fp32 ops over CPU autocast, in the block (see :data:`_FP32_CALLS`).
+
+    Patched where Python looks them up, not by a function mode, so that a checkpointed
+    forward recomputed in backward takes them too."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in _FP32_CALLS]
+    try:
+        for (owner, name, wrap), (_, _, original) in zip(_FP32_CALLS, originals, strict=True):
+            setattr(owner, name, wrap(original))
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 def _cuda_sdpa(
@@ -207,8 +292,9 @@ def _spec_augment_spans_on_host() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def device_kernels(target: str) -> Iterator[None]:
-    """Run attention and dropout as ``target`` ("cuda" or "cpu") would, in the block."""
+def device_kernels(target: str, mixed_precision: bool = False) -> Iterator[None]:
+    """Run attention and dropout as ``target`` ("cuda" or "cpu") would, in the block; with
+    ``mixed_precision`` on a CUDA target, autocast's fp32 ops too."""
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: use one of {', '.join(TARGETS)}.")
     with _mask_checks_use_values(), _spec_augment_spans_on_host():
@@ -217,8 +303,9 @@ def device_kernels(target: str) -> Iterator[None]:
             return
         F.scaled_dot_product_attention = _cuda_sdpa
         F.dropout = _cuda_dropout
+        autocast = _cuda_autocast_fp32() if mixed_precision else contextlib.nullcontext()
         try:
-            with host_kernels(False):  # the GPU's dropout and attention, not the CPU's
+            with host_kernels(False), autocast:  # the GPU's kernels, not the CPU's
                 yield
         finally:
             F.scaled_dot_product_attention = _ORIGINAL_SDPA

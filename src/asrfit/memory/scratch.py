@@ -92,15 +92,33 @@ CPU_SCRATCH: dict[Any, ScratchRule] = {
 }
 
 
+def _layer_norm_copies(args: tuple, kwargs: dict, out: Any) -> int:
+    # native_layer_norm(input, ...) / native_layer_norm_backward(grad_out, input, ...)
+    return _copy_unless_contiguous(*(a for a in args[:2] if isinstance(a, torch.Tensor)))
+
+
+# CUDA kernels that copy strided inputs: ``layer_norm_cuda`` and its backward take
+# ``expect_contiguous()`` of their input (and of the output gradient) before the kernel,
+# a copy live beside the outputs (aten/src/ATen/native/cuda/layer_norm_kernel.cu). A
+# wav2vec2 feature encoder normalises each convolution's output transposed; on an H200
+# the allocator's history of a tiny wav2vec2's step (fp32, 1 x 1 s) held that copy at the
+# peak, 0.39 of the 0.39 MiB the trace had missed (docs/benchmarks.md).
+CUDA_SCRATCH: dict[Any, ScratchRule] = {
+    aten.native_layer_norm.default: _layer_norm_copies,
+    aten.native_layer_norm_backward.default: _layer_norm_copies,
+}
+
+
 def scratch_rules(target: str, tracker: Any = None) -> dict[Any, ScratchRule]:
     """The scratch rules for ``target``.
 
     For ``"cpu"`` with a tracker: each CPU kernel's scratch measured on this CPU
     (:func:`asrfit.memory.cpu_kernels.measured_cpu_rules`); for ``"cpu"`` without one: the
-    convolution rules above; for ``"cuda"``: none (the allocator model covers CUDA workspaces).
+    convolution rules above; for ``"cuda"``: :data:`CUDA_SCRATCH` (convolution workspaces
+    are the allocator model's cuDNN allowance).
     """
     if target != "cpu":
-        return {}
+        return dict(CUDA_SCRATCH)
     if tracker is not None:
         from asrfit.memory.cpu_kernels import measured_cpu_rules
 

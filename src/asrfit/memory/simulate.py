@@ -273,7 +273,9 @@ def simulate_step(
             model = _build(adapter, setup)
         # after the build, which imports the model's module on a first trace: device_kernels
         # patches the loaded modules' host-side SpecAugment spans
-        kernels.enter_context(device_kernels(target))
+        kernels.enter_context(
+            device_kernels(target, setup.precision in (Precision.BF16, Precision.FP16))
+        )
         if prune is not None:
             prune(model, tracker)
         params = [p for p in model.parameters() if p.requires_grad]

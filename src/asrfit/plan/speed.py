@@ -32,8 +32,9 @@ class StepTimeFit:
     own exact values at the traced shapes (:mod:`asrfit.memory.roofline`): ``fixed`` and
     ``host`` as functions of ``(T, U)`` alone (evaluated at ``B = 1``), ``arithmetic`` as
     ``c0 + B (d + a T + b T^2 + c U)``, all in nanoseconds. A CPU runs them one after the
-    other (``fixed + arithmetic``); a GPU's device time (launch gaps + arithmetic) overlaps
-    the host's queueing, and the step takes the longer.
+    other (``fixed + arithmetic``); on a GPU the host's time adds to the device's (launch
+    gaps + arithmetic): an eager step waits for the device too often for them to overlap
+    (:func:`asrfit.memory.roofline.step_seconds`).
 
     Attributes:
         fixed: Per-kernel device-side costs (a GPU's launch gaps; a CPU's per-op cost).
@@ -57,7 +58,7 @@ class StepTimeFit:
             batch_size, input_length, label_length
         )
         if self.host is not None:
-            device = max(device, self.host.predict(1, input_length, label_length))
+            device += self.host.predict(1, input_length, label_length)
         return device / _NS
 
     def seconds(self, batch_size: int, input_length: int, label_length: int) -> float:

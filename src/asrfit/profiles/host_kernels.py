@@ -31,14 +31,37 @@ OPTIMIZER_PARAMS = 100
 MODULE_FACTOR = 51.0
 
 
+def _no_sync() -> None:
+    return None
+
+
+def _sync_for(device: str) -> Callable[[], None]:
+    """What waits for ``device``'s queued kernels (nothing on a CPU)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.synchronize
+    return _no_sync
+
+
 def best_seconds(
-    run: Callable[[], None], repeats: int = REPEATS, min_seconds: float = 0.02
+    run: Callable[[], None],
+    repeats: int = REPEATS,
+    min_seconds: float = 0.02,
+    sync: Callable[[], None] = _no_sync,
 ) -> float:
-    """Best per-call seconds of ``run`` over ``repeats`` timed batches of >= ``min_seconds``."""
+    """Best per-call seconds of ``run`` over ``repeats`` timed batches of >= ``min_seconds``.
+
+    ``sync`` runs after each batch, inside its time: on a GPU it waits for the queued
+    kernels, so that a batch is not timed while earlier ones still run (once per batch of
+    many calls, it adds one kernel's latency to thousands).
+    """
     run()  # warm-up (allocations, oneDNN primitive creation)
+    sync()
     calls = 1
     started = time.perf_counter()
     run()
+    sync()
     once = max(time.perf_counter() - started, 1e-7)
     calls = max(1, int(min_seconds / once))
     best = float("inf")
@@ -46,6 +69,7 @@ def best_seconds(
         started = time.perf_counter()
         for _ in range(calls):
             run()
+        sync()
         best = min(best, (time.perf_counter() - started) / calls)
     return best
 
@@ -67,14 +91,14 @@ class KernelCount:
         self.mode = Mode()
 
 
-def _kind_chains() -> dict[str, Callable[[object], object]]:
+def _kind_chains(device: str = "cpu") -> dict[str, Callable[[object], object]]:
     """One shape-preserving op per kernel kind, on a tiny ``(2, 16, 8)`` tensor."""
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    w = torch.randn(8, 8, requires_grad=True)
-    cw = torch.randn(16, 16, 3, requires_grad=True)
+    w = torch.randn(8, 8, device=device, requires_grad=True)
+    cw = torch.randn(16, 16, 3, device=device, requires_grad=True)
     return {
         "elementwise": lambda x: x * 1.01,
         "matmul": lambda x: F.linear(x, w),
@@ -88,7 +112,9 @@ def _kind_chains() -> dict[str, Callable[[object], object]]:
     }
 
 
-def _per_kernel(run: Callable[[], object]) -> tuple[float, float]:
+def _per_kernel(
+    run: Callable[[], object], sync: Callable[[], None] = _no_sync
+) -> tuple[float, float]:
     """(seconds per forward kernel, per backward kernel) of ``run`` (returns a tensor)."""
     forward_count, backward_count = KernelCount(), KernelCount()
     with forward_count.mode:
@@ -96,10 +122,10 @@ def _per_kernel(run: Callable[[], object]) -> tuple[float, float]:
     with backward_count.mode:
         loss.backward(retain_graph=True)
     # many short repeats: the best one is a moment when no other process held the core
-    forward_seconds = best_seconds(run, _KERNEL_REPEATS, 0.002)
+    forward_seconds = best_seconds(run, _KERNEL_REPEATS, 0.002, sync)
     # the same graph run backward again and again (gradients accumulate: same kernels)
     backward_seconds = best_seconds(
-        lambda: loss.backward(retain_graph=True), _KERNEL_REPEATS, 0.002
+        lambda: loss.backward(retain_graph=True), _KERNEL_REPEATS, 0.002, sync
     )
     return (
         forward_seconds / max(forward_count.kernels, 1),
@@ -107,18 +133,21 @@ def _per_kernel(run: Callable[[], object]) -> tuple[float, float]:
     )
 
 
-def kernel_seconds_by_kind() -> dict[str, list[float]]:
+def kernel_seconds_by_kind(device: str = "cpu") -> dict[str, list[float]]:
     """``{kind: [seconds per forward kernel, per backward kernel]}`` of eager autograd.
 
     A chain of :data:`CHAIN` ops of one kind on a tiny tensor, called from Python as a
     model's ``forward`` calls them (dispatcher, autograd recording, the kernel's own setup:
-    a oneDNN convolution costs ten times an elementwise op), then run backward.
+    a oneDNN convolution costs ten times an elementwise op), then run backward. On a GPU
+    (``device="cuda"``) the tiny kernels finish sooner than the host queues them, so the
+    figures are the host's cost per kernel, its launch included.
     """
     import torch
 
+    sync = _sync_for(device)
     out: dict[str, list[float]] = {}
-    for kind, op in _kind_chains().items():
-        x = torch.randn(2, 16, 8, requires_grad=True)
+    for kind, op in _kind_chains(device).items():
+        x = torch.randn(2, 16, 8, device=device, requires_grad=True)
 
         def run(op: Callable[[object], object] = op, x: object = x) -> object:
             y = x
@@ -126,11 +155,11 @@ def kernel_seconds_by_kind() -> dict[str, list[float]]:
                 y = op(y)
             return y
 
-        out[kind] = list(_per_kernel(run))
+        out[kind] = list(_per_kernel(run, sync))
     return out
 
 
-def int_kernel_seconds() -> float:
+def int_kernel_seconds(device: str = "cpu") -> float:
     """Seconds per forward kernel of index arithmetic on small integer and bool tensors.
 
     What a transducer loss's loop runs between its float ops (``t - d``, ``clamp``,
@@ -139,7 +168,7 @@ def int_kernel_seconds() -> float:
     """
     import torch
 
-    index = torch.arange(24)
+    index = torch.arange(24, device=device)
 
     def run() -> object:
         out = None
@@ -153,7 +182,7 @@ def int_kernel_seconds() -> float:
     count = KernelCount()
     with count.mode:
         run()
-    return best_seconds(run, _KERNEL_REPEATS, 0.002) / max(count.kernels, 1)
+    return best_seconds(run, _KERNEL_REPEATS, 0.002, _sync_for(device)) / max(count.kernels, 1)
 
 
 def module_call_seconds() -> float:
@@ -200,7 +229,7 @@ def module_call_seconds() -> float:
     )
 
 
-def optimizer_kernel_seconds() -> float:
+def optimizer_kernel_seconds(device: str = "cpu") -> float:
     """Seconds per kernel of an AdamW step and ``zero_grad`` over many small parameters.
 
     The optimizer loops over parameters in C++ (foreach) or Python (per tensor) with no
@@ -209,7 +238,7 @@ def optimizer_kernel_seconds() -> float:
     import torch
 
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(64)) for _ in range(OPTIMIZER_PARAMS)]
+    params = [torch.nn.Parameter(torch.randn(64, device=device)) for _ in range(OPTIMIZER_PARAMS)]
     optimizer = torch.optim.AdamW(params, lr=1e-3)
 
     def step() -> None:
@@ -225,6 +254,7 @@ def optimizer_kernel_seconds() -> float:
     with count.mode:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    grads = best_seconds(lambda: [torch.ones_like(p) for p in params], _KERNEL_REPEATS, 0.002)
-    seconds = best_seconds(step, _KERNEL_REPEATS, 0.002) - grads
+    sync = _sync_for(device)
+    grads = best_seconds(lambda: [torch.ones_like(p) for p in params], _KERNEL_REPEATS, 0.002, sync)
+    seconds = best_seconds(step, _KERNEL_REPEATS, 0.002, sync) - grads
     return max(seconds, 0.0) / max(count.kernels, 1)

@@ -20,15 +20,35 @@ from asrfit.utils.serialization import JsonDataclass
 # Share of the datasheet peak that large cuBLAS/cuDNN GEMMs reach in training (dense
 # tensor-core GEMMs of the sizes ASR encoders use run at 60-80 % of peak on A100/H100/L4),
 # and of the datasheet bandwidth that streaming elementwise kernels reach (80-90 %).
-# Stated assumptions: the first GPU run of bench/validate_gpu.py (an H200, 2026-11-27) timed
-# only small steps, bound by host work, which checks neither figure (docs/benchmarks.md).
+# Stated assumptions; the H200 runs of 2026-11-27 (docs/benchmarks.md) timed few steps that
+# were not bound by host work (wav2vec2-base 32 x 8 s: fp32 -18 %, bf16 -55 % in
+# host-or-device terms), which checks neither figure alone.
 GPU_MATMUL_EFFICIENCY = 0.7
 GPU_BANDWIDTH_EFFICIENCY = 0.85
-# A GPU kernel's smallest duration plus the gap between launches (~5 us), and the host
-# (Python + dispatcher + autograd + launch) cost of one eager forward op (~15 us), which
-# overlaps device work because launches are asynchronous.
+# A GPU kernel's smallest duration plus the gap between launches (~5 us), on the device.
 GPU_KERNEL_SECONDS = 5e-6
-GPU_FORWARD_KERNEL_SECONDS = 15e-6
+# The host's cost per kernel of an eager CUDA step (Python, dispatcher, autograd, the
+# caching allocator and the launch), ``{kind: [forward, backward]}``, per integer-index
+# kernel and per optimizer kernel: asrfit.profiles.host_kernels' micro-benchmarks run on
+# CUDA tensors (``bench/gpu_host.py``, the better of two passes) on the host of a lent
+# H200 (16 cores of an "Intel Xeon Processor", torch 2.11.0+cu130, 2026-11-27). The same
+# host ran the CPU versions at 3.7 / 5.5 us per elementwise kernel: a CUDA kernel costs
+# the host about twice a CPU one. Planned without that GPU, these are the figures used.
+GPU_HOST_KERNEL_SECONDS = {
+    "elementwise": [7.2e-6, 11.9e-6],
+    "matmul": [16.7e-6, 20.4e-6],
+    "conv": [12.7e-6, 18.5e-6],
+    "norm": [10.6e-6, 12.9e-6],
+    "softmax": [6.8e-6, 17.3e-6],
+    "activation": [6.5e-6, 11.6e-6],
+    "attention": [23.4e-6, 20.7e-6],
+}
+GPU_HOST_INT_KERNEL_SECONDS = 7.0e-6
+GPU_HOST_OPTIMIZER_KERNEL_SECONDS = 3.7e-6
+# An nn.Module call's host cost on that machine: 1.46 us for a bare module, times the
+# model factor asrfit.profiles.host_kernels.MODULE_FACTOR (51, fitted on CPU steps), as
+# asrfit.profiles.host computes it for a CPU.
+GPU_HOST_MODULE_SECONDS = 1.46e-6 * 51.0
 DTYPES = ("fp32", "bf16", "fp16")
 # bytes moved by the micro-benchmarks behind ``memory_bytes_per_second`` and
 # ``kind_bytes_per_second`` (asrfit.profiles.host: 3 arrays of 4 Mi floats)
@@ -74,10 +94,10 @@ class DeviceRates(JsonDataclass):
             below its GEMM rate; on a GPU it is the GEMM rate).
         memory_bytes_per_second: Bandwidth an elementwise kernel reaches (read + write).
         kernel_seconds: Fixed cost of one kernel run from C++ (backward, optimizer loops):
-            dispatch on a CPU, the launch gap on a GPU.
+            dispatch on a CPU, the host's cost per backward kernel on a GPU.
         forward_kernel_seconds: Host cost of one forward kernel called from Python (module
             call, dispatcher, autograd recording). On a CPU it adds to the step; on a GPU it
-            overlaps device work, and the step takes the longer of host and device time.
+            adds too (:func:`asrfit.memory.roofline.step_seconds`: host + device time).
         threads: CPU threads the figures were measured with (0 for a GPU).
         sources: Where each figure comes from.
         kind_bytes_per_second: Bandwidth reached by kernels of an op kind that do more than
@@ -92,8 +112,7 @@ class DeviceRates(JsonDataclass):
             float kernel of the same kind. None: the kind's figure.
         module_seconds: Host cost of one ``nn.Module`` call beyond its kernels: the Python a
             model runs in ``forward`` (shape logic, masks, hooks) and the autograd nodes it
-            records. On a CPU it adds to the step; 0 on a GPU, whose
-            ``forward_kernel_seconds`` is a per-kernel host figure with Python included.
+            records.
         kernel_seconds_by_kind: ``{kind: [forward, backward]}`` fixed seconds per kernel of
             that kind (a CPU's oneDNN convolution sets up far longer than an elementwise
             op); kinds not here use ``forward_kernel_seconds`` / ``kernel_seconds``.
@@ -111,6 +130,9 @@ class DeviceRates(JsonDataclass):
             measured at a grid of lengths and head dims (a CPU's flash-attention kernels
             are far from a FLOP rate at short lengths: its bf16 backward took 0.7 ms at
             length 16 and 1.5 ms at 64); see :meth:`attention_call_seconds`.
+        launch_seconds: A GPU's own fixed time per kernel (the smallest kernel and the gap
+            between launches), while the per-kernel figures above are the host's. None:
+            ``kernel_seconds`` (a CPU, where the two are one).
     """
 
     name: str
@@ -129,6 +151,7 @@ class DeviceRates(JsonDataclass):
     rate_curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
     int_kernel_seconds: float | None = None
     attention_seconds: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+    launch_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for label, table in (
@@ -161,6 +184,11 @@ class DeviceRates(JsonDataclass):
         if kind in self.kernel_seconds_by_kind:
             return self.kernel_seconds_by_kind[kind][0 if forward else 1]
         return self.forward_kernel_seconds if forward else self.kernel_seconds
+
+    @property
+    def device_kernel_seconds(self) -> float:
+        """The device's fixed time per kernel (:attr:`launch_seconds`, else ``kernel_seconds``)."""
+        return self.kernel_seconds if self.launch_seconds is None else self.launch_seconds
 
     @property
     def asynchronous(self) -> bool:
@@ -264,32 +292,36 @@ def _interpolate(curve: list[list[float]], x: float) -> float:
 def gpu_rates(spec: object) -> DeviceRates:
     """Rates of a catalog GPU (:class:`asrfit.profiles.gpus.catalog.GPUSpec`).
 
-    fp32 matmuls use the tf32 tensor-core peak where the GPU has one (PyTorch's default for
-    convolutions; matmuls use it with ``torch.backends.cuda.matmul.allow_tf32``), else the
-    CUDA-core fp32 peak. Every peak is multiplied by :data:`GPU_MATMUL_EFFICIENCY`.
+    fp32 matmuls run at the CUDA-core fp32 peak, as PyTorch runs them by default
+    (``torch.backends.cuda.matmul.allow_tf32`` is False: on an H200 a wav2vec2-base step of
+    32 x 8 s took 224-229 ms, 108 ms with it on), fp32 convolutions at the tf32 tensor-core
+    peak where the GPU has one (``torch.backends.cudnn.allow_tf32`` is True by default).
+    Every peak is multiplied by :data:`GPU_MATMUL_EFFICIENCY`. The per-kernel host costs are
+    the measured :data:`GPU_HOST_KERNEL_SECONDS`.
     """
-    peaks = {
-        "fp32": spec.tf32_tflops or spec.fp32_tflops,
-        "fp16": spec.fp16_tflops,
-        "bf16": spec.bf16_tflops,
-    }
+    peaks = {"fp32": spec.fp32_tflops, "fp16": spec.fp16_tflops, "bf16": spec.bf16_tflops}
     rates = {k: v * 1e12 * GPU_MATMUL_EFFICIENCY for k, v in peaks.items() if v}
+    conv = {**rates, "fp32": (spec.tf32_tflops or spec.fp32_tflops) * 1e12 * GPU_MATMUL_EFFICIENCY}
     source = getattr(spec, "source", None)
     where = f"{source.title} ({source.url})" if source is not None else "the GPU catalog"
     return DeviceRates(
         name=spec.name,
         matmul_flops_per_second=rates,
-        conv_flops_per_second=dict(rates),
+        conv_flops_per_second=conv,
         memory_bytes_per_second=spec.memory_bandwidth_bytes_per_second * GPU_BANDWIDTH_EFFICIENCY,
-        kernel_seconds=GPU_KERNEL_SECONDS,
-        forward_kernel_seconds=GPU_FORWARD_KERNEL_SECONDS,
+        kernel_seconds=GPU_HOST_KERNEL_SECONDS["elementwise"][1],
+        forward_kernel_seconds=GPU_HOST_KERNEL_SECONDS["elementwise"][0],
+        kernel_seconds_by_kind={k: list(v) for k, v in GPU_HOST_KERNEL_SECONDS.items()},
+        int_kernel_seconds=GPU_HOST_INT_KERNEL_SECONDS,
+        optimizer_kernel_seconds=GPU_HOST_OPTIMIZER_KERNEL_SECONDS,
+        module_seconds=GPU_HOST_MODULE_SECONDS,
+        launch_seconds=GPU_KERNEL_SECONDS,
         sources=[
             f"peaks and bandwidth: {where}",
             f"x {GPU_MATMUL_EFFICIENCY} of peak FLOP/s and x {GPU_BANDWIDTH_EFFICIENCY} of "
-            f"bandwidth reached by training kernels, {GPU_KERNEL_SECONDS * 1e6:g} us per kernel, "
-            f"{GPU_FORWARD_KERNEL_SECONDS * 1e6:g} us host time per forward op "
-            "(stated assumptions; bench/validate_gpu.py's first GPU run timed only small, "
-            "host-bound steps, docs/benchmarks.md)",
+            f"bandwidth reached by training kernels, {GPU_KERNEL_SECONDS * 1e6:g} us per kernel "
+            "on the device (stated assumptions); the host's cost per kernel and per module "
+            "call measured on an H200's host (bench/gpu_host.py, docs/benchmarks.md)",
         ],
     )
 
