@@ -104,7 +104,7 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
-def measure(case: Any, steps: int = 7) -> dict:
+def measure(case: Any, steps: int = 7, device: str = "cuda") -> dict:
     """The real step's peak allocated bytes and its median time on the GPU."""
     import gc
 
@@ -115,14 +115,16 @@ def measure(case: Any, steps: int = 7) -> dict:
     from asrfit.memory.setup import Precision
     from asrfit.memory.simulate import _build, _default_dtype, _float_dtype
 
+    gpu = device == "cuda"  # "cpu": a dry run of this function (no memory figure)
     gc.collect()  # the previous case's model and optimizer
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
+    if gpu:
+        torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated() if gpu else 0
     adapter = speech_adapter(case.make_config())
     torch.manual_seed(0)
     dtype = _float_dtype(case.setup)
     with _default_dtype(dtype):
-        model = _build(adapter, case.setup).to("cuda")
+        model = _build(adapter, case.setup).to(device)
     optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
     host_batch = _truth.real_inputs_from_adapter(adapter, case.batch, dtype)
     autocast = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
@@ -131,31 +133,33 @@ def measure(case: Any, steps: int = 7) -> dict:
 
     def to_gpu() -> dict:
         return {
-            k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in host_batch.items()
+            k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in host_batch.items()
         }
 
     def step(batch: dict | None = None) -> None:
         inputs = batch if batch is not None else to_gpu()
-        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+        with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
             loss = adapter.loss(model, inputs)
         loss.backward()
         del loss, inputs
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
     step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    sync()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     step()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    sync()
+    peak = torch.cuda.max_memory_allocated() - before if gpu else 0
     batch = to_gpu()
     times = []
     for i in range(2 + steps):
-        torch.cuda.synchronize()
+        sync()
         started = time.perf_counter()
         step(batch)
-        torch.cuda.synchronize()
+        sync()
         if i >= 2:
             times.append(time.perf_counter() - started)
     return {"case": case.name, "peak_bytes": peak, "step_seconds": statistics.median(times)}
