@@ -21,7 +21,9 @@ what was measured:
 
 Without CUDA it says so and exits 0. ``--render RAW.json`` needs no GPU: it prints the
 step-time table of a saved run (``bench/data/h200-2026-11-27.json``) predicted with the
-current model from the saved :class:`StepCost` rows, beside the measured times.
+current model from the saved :class:`StepCost` rows, beside the measured times;
+``--repredict-grid docs/benchmarks.md`` the first GPU run's grid peaks against the current
+simulator (no GPU).
 """
 
 from __future__ import annotations
@@ -241,14 +243,58 @@ def render(raw: Path) -> str:
     return "\n".join(lines)
 
 
+def repredict_grid(markdown: Path) -> str:
+    """The grid's allocated peaks measured by the first GPU run (the memory-accuracy-gpu
+    section of ``markdown``) against the current simulator's (markdown table)."""
+    import re
+    import statistics
+
+    import _grid
+
+    from asrfit.memory.adapters import hf_adapter
+    from asrfit.memory.simulate import simulate_step
+
+    text = markdown.read_text(encoding="utf-8")
+    section = text[text.index("<!-- memory-accuracy-gpu:start -->") :]
+    measured = {}
+    for line in section[: section.index("<!-- memory-accuracy-gpu:end -->")].splitlines():
+        row = re.match(r"\| (\S.*?) \| ([\d.]+) \| ([\d.]+) \| ([-+\d.]+) %", line)
+        if row:
+            measured[row.group(1)] = float(row.group(3))
+    lines = ["| case | predicted MiB | measured MiB (first run) | error |", "|---|---:|---:|---:|"]
+    errors = []
+    for case in _grid.grid():
+        if case.name not in measured:
+            continue
+        sim = simulate_step(hf_adapter(case.config()), case.batch, case.setup, target="cuda")
+        predicted, real = sim.peak_bytes / 2**20, measured[case.name]
+        errors.append(100 * (predicted - real) / real)
+        lines.append(f"| {case.name} | {predicted:.2f} | {real:.2f} | {errors[-1]:+.2f} % |")
+    lines += [
+        "",
+        f"{len(errors)} cases: median |error| {statistics.median(map(abs, errors)):.2f} %, "
+        f"{min(errors):+.1f} % to {max(errors):+.1f} %.",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--parts", nargs="*", default=["fixed", "cudnn", "timing", "boundary"])
     parser.add_argument("--render", type=Path, help="print a saved run's table (no GPU needed)")
+    parser.add_argument(
+        "--repredict-grid",
+        type=Path,
+        metavar="MARKDOWN",
+        help="the first GPU run's grid measurements (docs/benchmarks.md) against today's simulator",
+    )
     args = parser.parse_args()
     if args.render is not None:
         print(render(args.render))
+        return
+    if args.repredict_grid is not None:
+        print(repredict_grid(args.repredict_grid))
         return
     if not torch.cuda.is_available():
         print("gpu_host: CUDA is not available; nothing measured.", file=sys.stderr)

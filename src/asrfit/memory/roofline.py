@@ -135,8 +135,8 @@ def step_seconds(cost: StepCost, rates: DeviceRates) -> float:
     gaps) plus the host time (the per-kernel and per-module host costs): the two overlap
     only between the points where the host waits for the device, and an eager step has
     many (``.item()``, ``nonzero`` and length checks: 19 a step in a tiny wav2vec2's
-    profile on an H200). Of the two bounds, the sum was the closer on the H200's 31 steps
-    (median |error| 14 % against 22 % for the longer of the two; docs/benchmarks.md).
+    profile on an H200). Of the two bounds, the sum was the closer on the H200's 30 steps
+    (median |error| 11.9 % against 25.2 % for the longer of the two; docs/benchmarks.md).
     """
     device = sum(op_seconds(r, rates) * r[6] for r in cost.rows)
     if not rates.asynchronous:
