@@ -45,8 +45,9 @@ class Timed:
 
     @property
     def host_seconds(self) -> float | None:
-        """Median CPU time of this process per measured step (GPU runs only; None else): on
-        a GPU, the host's share of the step (Python, dispatch, launches)."""
+        """Median CPU time of this process per measured step (GPU runs only; None else). Not
+        the host's share: CUDA's synchronisation spins, so on an H200 it equalled the wall
+        time of host- and device-bound steps alike (docs/benchmarks.md)."""
         return statistics.median(self.cpu_seconds) if self.cpu_seconds else None
 
     @property

@@ -18,8 +18,10 @@ Run (on a machine with a CUDA GPU and a CUDA build of torch):
    a base-size wav2vec2 group, each simulated with ``target="cuda"`` and timed by the per-op
    roofline on the detected GPU's catalog rates (:func:`asrfit.profiles.rates.gpu_rates`),
    against the median of 7 real steps after 2 warm-ups (``torch.cuda.synchronize`` around
-   each; the batch is made on the GPU before the timed steps), with the process's CPU time
-   per step beside it (the host's share). Written as its own section,
+   each; the batch is made on the GPU before the timed steps). (The process's CPU time per
+   step was tried as the host's share and equals the wall time: CUDA's synchronisation
+   spins; ``bench/gpu_host.py`` measures the host's cost per kernel instead.) Written as its
+   own section,
    ``step-time-accuracy-gpu``.
 4. The out-of-memory boundary of base-size models (unless ``--skip-oom``; wav2vec2-base at
    16 s, whisper-base): the batch size doubles until ``torch.cuda.OutOfMemoryError`` and is
@@ -385,8 +387,8 @@ def step_time_section(device: str, only: list[str] | None = None) -> str:
         "",
         f"Command: `{COMMAND}`",
         "",
-        "| case | predicted ms | measured ms (median of 7) | error | host CPU ms (median) |",
-        "|---|---:|---:|---:|---:|",
+        "| case | predicted ms | measured ms (median of 7) | error |",
+        "|---|---:|---:|---:|",
     ]
     errors = []
     for case in cases:
@@ -394,12 +396,12 @@ def step_time_section(device: str, only: list[str] | None = None) -> str:
             r = time_case(case, rates, device=device, steps=7)
         except Exception as exc:  # one broken case is reported, the others still run
             _release(device)
-            lines.append(f"| {case.name} | failed: {type(exc).__name__} | | | |")
+            lines.append(f"| {case.name} | failed: {type(exc).__name__} | | |")
             continue
         errors.append(abs(r.error_pct))
         lines.append(
             f"| {case.name} | {r.predicted_seconds * 1e3:.2f} | {r.measured_seconds * 1e3:.2f} | "
-            f"{r.error_pct:+.1f} % | {(r.host_seconds or 0.0) * 1e3:.2f} |"
+            f"{r.error_pct:+.1f} % |"
         )
         print(
             f"{case.name:42s} step {r.predicted_seconds * 1e3:8.2f} ms predicted, {r.measured_seconds * 1e3:8.2f} measured",

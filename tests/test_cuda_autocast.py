@@ -123,3 +123,12 @@ def test_cuda_trace_adds_the_contiguous_copy_at_the_layer_norm() -> None:
         scratch.CUDA_SCRATCH.update(saved)
     copy = 4 * batch * channels * frames  # a multiple of 512: no rounding
     assert with_copy - without == copy - 512
+
+
+def test_softmax_with_its_input_by_keyword_still_runs_in_fp32() -> None:
+    """``F.softmax(input=...)`` passes its wrapper unchanged (no positional input to look
+    at) and reaches ``Tensor.softmax``, whose wrapper applies the policy, as CUDA autocast
+    applies it to the aten op however Python called it."""
+    x = torch.randn(2, 4, 8).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16), device_kernels("cuda", mixed_precision=True):
+        assert F.softmax(input=x, dim=-1).dtype == torch.float32

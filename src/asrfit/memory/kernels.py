@@ -101,6 +101,7 @@ def _cuda_fp32_dtype(original: Any, dtype_at: int) -> Any:
             not torch.is_autocast_enabled("cpu")
             or kwargs.get("dtype") is not None
             or len(args) > dtype_at
+            or not args  # the input by keyword: left as called
             or not (isinstance(args[0], torch.Tensor) and args[0].dtype in _LOW_PRECISION)
         ):
             return original(*args, **kwargs)

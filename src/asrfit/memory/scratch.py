@@ -1,4 +1,5 @@
-"""Kernel-internal scratch memory of CPU convolutions (oneDNN), for ``target="cpu"`` traces.
+"""Kernel-internal scratch memory: CPU convolutions (oneDNN) for ``target="cpu"`` traces,
+and CUDA layer norm's contiguous copy for ``target="cuda"`` (:data:`CUDA_SCRATCH`).
 
 Since issue 11 the simulator measures each CPU kernel's scratch on this CPU instead
 (:mod:`asrfit.memory.cpu_kernels`; :func:`scratch_rules` with a tracker); the rules below
@@ -35,8 +36,10 @@ both, strided inputs      plus a ``.contiguous()`` copy of each non-contiguous i
 The backward rules are the coarser ones: within about 25 % of the measured scratch for
 single standard convolutions (16-bit ones alone can reach twice ``in + out``, yet the
 bf16 autocast steps of the accuracy grid match ``in + out``), and the grouped rule
-depends on the thread count. CUDA convolution workspaces are a different thing, covered
-by the allocator model's cuDNN allowance; these rules apply only to ``target="cpu"``.
+depends on the thread count. These convolution rules apply only to ``target="cpu"``. CUDA
+convolution workspaces are a different thing and are not added: PyTorch moves to another
+cuDNN algorithm when the workspace does not fit, so near the memory limit they shrink
+(``docs/memory_cuda.md``).
 """
 
 from __future__ import annotations
@@ -114,8 +117,8 @@ def scratch_rules(target: str, tracker: Any = None) -> dict[Any, ScratchRule]:
 
     For ``"cpu"`` with a tracker: each CPU kernel's scratch measured on this CPU
     (:func:`asrfit.memory.cpu_kernels.measured_cpu_rules`); for ``"cpu"`` without one: the
-    convolution rules above; for ``"cuda"``: :data:`CUDA_SCRATCH` (convolution workspaces
-    are the allocator model's cuDNN allowance).
+    convolution rules above; for ``"cuda"``: :data:`CUDA_SCRATCH` (no convolution
+    workspaces, see above).
     """
     if target != "cpu":
         return dict(CUDA_SCRATCH)
