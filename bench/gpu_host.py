@@ -9,11 +9,12 @@ what was measured:
 1. ``fixed``: the per-kernel fixed costs of :mod:`asrfit.profiles.host_kernels` measured
    on the GPU (tiny kernels: the host's cost per kernel, launch included) and on the same
    machine's CPU, and the per-``nn.Module`` Python cost.
-2. ``cudnn``: peak allocated bytes of two grid cases with cuDNN on and off (the Parakeet-TDT
+2. ``cudnn``: peak allocated bytes of four grid cases with cuDNN on and off (the Parakeet-TDT
    cases' missing 14-16 MiB and the wav2vec2 family's convolution workspace, unseparated in
    the first GPU run), beside the simulated peak.
 3. ``timing``: the step-time cases of ``bench/validate_gpu.py`` plus three large steps:
-   measured wall and host CPU time per step (median of 7 after 2 warm-ups), the catalog
+   measured wall time per step (median of 7 after 2 warm-ups; the process CPU time too,
+   which equals it: CUDA's synchronisation spins), the catalog
    prediction, and the simulated :class:`StepCost` rows, so that any host model can be
    evaluated later on a CPU without the GPU.
 4. ``boundary``: the out-of-memory boundary of whisper-base (bf16, AdamW, 30 s, 128 labels),

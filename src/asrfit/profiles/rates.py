@@ -20,9 +20,9 @@ from asrfit.utils.serialization import JsonDataclass
 # Share of the datasheet peak that large cuBLAS/cuDNN GEMMs reach in training (dense
 # tensor-core GEMMs of the sizes ASR encoders use run at 60-80 % of peak on A100/H100/L4),
 # and of the datasheet bandwidth that streaming elementwise kernels reach (80-90 %).
-# Stated assumptions; the H200 runs of 2026-11-27 (docs/benchmarks.md) timed few steps that
-# were not bound by host work (wav2vec2-base 32 x 8 s: fp32 -18 %, bf16 -55 % in
-# host-or-device terms), which checks neither figure alone.
+# Stated assumptions; the H200 runs of 2026-11-27 (docs/benchmarks.md) timed three steps
+# with more device than host time (wav2vec2-base 32 x 8 s fp32 -6 %, bf16 -13 %, whisper-base
+# bf16 32 x 30 s +15 %, host + device time), which checks neither figure alone.
 GPU_MATMUL_EFFICIENCY = 0.7
 GPU_BANDWIDTH_EFFICIENCY = 0.85
 # A GPU kernel's smallest duration plus the gap between launches (~5 us), on the device.
@@ -33,7 +33,8 @@ GPU_KERNEL_SECONDS = 5e-6
 # CUDA tensors (``bench/gpu_host.py``, the better of two passes) on the host of a lent
 # H200 (16 cores of an "Intel Xeon Processor", torch 2.11.0+cu130, 2026-11-27). The same
 # host ran the CPU versions at 3.7 / 5.5 us per elementwise kernel: a CUDA kernel costs
-# the host about twice a CPU one. Planned without that GPU, these are the figures used.
+# the host about twice a CPU one. Every catalog GPU is priced with these figures: they are
+# a host's, and the planning machine's own are not measured (a GPU's host may be slower).
 GPU_HOST_KERNEL_SECONDS = {
     "elementwise": [7.2e-6, 11.9e-6],
     "matmul": [16.7e-6, 20.4e-6],
