@@ -16,7 +16,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import _grid
 import torch
@@ -41,14 +41,6 @@ class Timed:
     load_before: float
     load_after: float
     by_kind: dict[str, float]
-    cpu_seconds: list[float] = field(default_factory=list)
-
-    @property
-    def host_seconds(self) -> float | None:
-        """Median CPU time of this process per measured step (GPU runs only; None else). Not
-        the host's share: CUDA's synchronisation spins, so on an H200 it equalled the wall
-        time of host- and device-bound steps alike (docs/benchmarks.md)."""
-        return statistics.median(self.cpu_seconds) if self.cpu_seconds else None
 
     @property
     def error_pct(self) -> float:
@@ -77,13 +69,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _time_steps(
-    case: _grid.Case, device: str, warmup: int, steps: int, cpu: list[float] | None = None
-) -> list[float]:
+def _time_steps(case: _grid.Case, device: str, warmup: int, steps: int) -> list[float]:
     """Build the case's real model and time ``steps`` steps after ``warmup`` unmeasured."""
     model = _grid.build_real_model(case, device)
     optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
-    return timed_steps(case, model, optimizer, device, warmup, steps, cpu)
+    return timed_steps(case, model, optimizer, device, warmup, steps)
 
 
 def timed_steps(
@@ -93,10 +83,8 @@ def timed_steps(
     device: str,
     warmup: int,
     steps: int,
-    cpu: list[float] | None = None,
 ) -> list[float]:
-    """Seconds of ``steps`` real steps of ``model`` after ``warmup`` unmeasured ones; with
-    ``cpu``, each measured step's CPU time of this process is appended to it.
+    """Seconds of ``steps`` real steps of ``model`` after ``warmup`` unmeasured ones.
 
     On a GPU every step takes one batch made on the device beforehand, as a data loader
     hands it over: making it (``randn`` on the CPU, a copy to the device) is not step time
@@ -106,13 +94,11 @@ def timed_steps(
     times = []
     batch = _grid.make_real_inputs(case, model.config, device) if device == "cuda" else None
     for i in range(warmup + steps):
-        started, cpu_started = time.perf_counter(), time.process_time()
+        started = time.perf_counter()
         _grid._train_step(case, model, optimizer, device, i, batch)
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - started)
-            if cpu is not None:
-                cpu.append(time.process_time() - cpu_started)
     return times
 
 
@@ -168,14 +154,13 @@ def time_cases(
         keep_freed_host_memory()
     load_before = os.getloadavg()[0]
     times: list[list[float]] = [[] for _ in cases]
-    cpu_times: list[list[float]] = [[] for _ in cases]
     medians: list[list[float]] = [[] for _ in cases]
     for _ in range(rounds):
         for j, case in enumerate(cases):
             timed = (
                 _time_in_child(case, warmup, steps)
                 if device == "cpu"
-                else _time_steps(case, device, warmup, steps, cpu_times[j])
+                else _time_steps(case, device, warmup, steps)
             )
             times[j] += timed
             medians[j].append(statistics.median(timed))
@@ -195,9 +180,8 @@ def time_cases(
             load_before=load_before,
             load_after=load_after,
             by_kind=seconds_by_kind(sim.cost, rates),
-            cpu_seconds=cs,
         )
-        for case, sim, ts, ms, cs in zip(cases, sims, times, medians, cpu_times, strict=True)
+        for case, sim, ts, ms in zip(cases, sims, times, medians, strict=True)
     ]
 
 

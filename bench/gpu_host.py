@@ -13,8 +13,7 @@ what was measured:
    cases' missing 14-16 MiB and the wav2vec2 family's convolution workspace, unseparated in
    the first GPU run), beside the simulated peak.
 3. ``timing``: the step-time cases of ``bench/validate_gpu.py`` plus three large steps:
-   measured wall time per step (median of 7 after 2 warm-ups; the process CPU time too,
-   which equals it: CUDA's synchronisation spins), the catalog
+   measured wall time per step (median of 7 after 2 warm-ups), the catalog
    prediction, and the simulated :class:`StepCost` rows, so that any host model can be
    evaluated later on a CPU without the GPU.
 4. ``boundary``: the out-of-memory boundary of whisper-base (bf16, AdamW, 30 s, 128 labels),
@@ -130,15 +129,14 @@ def timing(validate_gpu: object, data: dict, out: Path | None) -> None:
                 "case": case.name,
                 "measured": r.measured_seconds,
                 "steps": r.steps_seconds,
-                "cpu": r.cpu_seconds,
                 "predicted": r.predicted_seconds,
                 "catalog_parts": [fixed, host, arithmetic],
                 "rows": r.cost.rows,
             }
         )
         print(
-            f"{case.name:40s} measured {r.measured_seconds * 1e3:8.2f} ms, host CPU "
-            f"{(r.host_seconds or 0) * 1e3:8.2f} ms, catalog {r.predicted_seconds * 1e3:8.2f} ms",
+            f"{case.name:40s} measured {r.measured_seconds * 1e3:8.2f} ms, "
+            f"catalog {r.predicted_seconds * 1e3:8.2f} ms",
             flush=True,
         )
         validate_gpu._release("cuda")
@@ -171,27 +169,13 @@ def boundary(validate_gpu: object, budget: int) -> dict:
             )
         return trials[b]
 
-    start = max(predicted, 1)
-    step = max(1, start // 32)
-    if fits(start):
-        low, high = start, start + step
-        while fits(high):
-            low, step = high, step * 2
-            high = low + step
-    else:
-        high, low = start, start - step
-        while low > 0 and not fits(low):
-            high, step = low, step * 2
-            low = max(low - step, 0)
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
+    real = validate_gpu.largest_batch_from(predicted, fits)
     return {
         "config": f"{arch} {precision} {optimizer} {seconds:g}s {labels} labels",
         "budget": budget,
         "predicted": predicted,
         "predict_seconds": predict_seconds,
-        "real": low,
+        "real": real,
         "trials": trials,
         "search_seconds": time.perf_counter() - started - predict_seconds,
     }

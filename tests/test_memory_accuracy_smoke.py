@@ -111,6 +111,24 @@ def test_largest_batch_doubles_then_bisects() -> None:
     assert validate.largest_batch(lambda b: False) == 0
 
 
+def test_largest_batch_from_a_prediction_finds_every_boundary() -> None:
+    """Against the boundary itself (a threshold ``fits``), from predictions below, at and
+    above it, and the few trials near a good prediction that make it worth having."""
+    validate = _load("validate_gpu")
+    for boundary in (0, 1, 2, 37, 273, 446):
+        for start in (1, 5, 200, 421, 446, 447, 1000):
+            assert validate.largest_batch_from(start, lambda b, t=boundary: b <= t) == boundary
+    tried: list[int] = []
+
+    def fits(b: int) -> bool:
+        tried.append(b)
+        return b <= 446
+
+    assert validate.largest_batch_from(421, fits) == 446
+    assert len(tried) <= 8
+    assert validate.largest_batch_from(10, lambda b: True) == validate.MAX_BATCH
+
+
 def test_validate_gpu_exits_cleanly_without_cuda(tmp_path: Path) -> None:
     out = tmp_path / "benchmarks.md"
     env = {**os.environ, "PYTHONPATH": str(SRC), "CUDA_VISIBLE_DEVICES": ""}

@@ -20,23 +20,12 @@ from asrfit.memory.allocator import (
     segment_bytes,
 )
 from asrfit.memory.simulate import simulate_step
+from tests.test_memory_scratch import _bench
 
 
 def _wav2vec2() -> transformers.Wav2Vec2Config:
-    config = transformers.Wav2Vec2Config(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        conv_dim=(32,) * 7,
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4,
-        vocab_size=32,
-        pad_token_id=0,
-        layerdrop=0.0,
-    )
-    config.architectures = ["Wav2Vec2ForCTC"]
-    return config
+    """The accuracy grid's tiny wav2vec2 layout (``bench/_grid.py``), group-normed extractor."""
+    return _bench("_grid")._wav2vec2_like(transformers.Wav2Vec2Config, "Wav2Vec2ForCTC")
 
 
 def test_blocks_live_at_the_peak_add_up_to_it() -> None:
