@@ -36,8 +36,8 @@ them in fp32 (``AT_FORALL_FP32`` and ``AT_FORALL_FP32_SET_OPT_DTYPE`` in PyTorch
 4 bytes an element instead of 2 (on an H200 a tiny wav2vec2's bf16 step peaked at 10.5 MiB
 where the CPU-autocast trace said 4.6: its feature encoder's layer norms and their fp32
 copies, from the allocator's history). With ``target="cuda"`` and mixed precision,
-:func:`_cuda_autocast_fp32` applies CUDA's fp32 policies to layer norm, group norm, softmax
-and log-softmax.
+:data:`_FP32_CALLS` apply CUDA's fp32 policies to layer norm, group norm, softmax and
+log-softmax.
 """
 
 from __future__ import annotations
@@ -127,14 +127,14 @@ _FP32_CALLS = (
 
 
 @contextlib.contextmanager
-def _cuda_autocast_fp32() -> Iterator[None]:
-    """CUDA autocast's fp32 ops over CPU autocast, in the block (see :data:`_FP32_CALLS`).
-
-    Patched where Python looks them up, not by a function mode, so that a checkpointed
-    forward recomputed in backward takes them too."""
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in _FP32_CALLS]
+def _patched(calls: tuple) -> Iterator[None]:
+    """In the block, ``owner.name = wrap(original)`` for each ``(owner, name, wrap)`` of
+    ``calls``, restored after. Patched where Python looks them up, not by a function mode
+    (which is off inside its own handler), so that a checkpointed forward recomputed inside
+    ``backward()`` takes them too."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in calls]
     try:
-        for (owner, name, wrap), (_, _, original) in zip(_FP32_CALLS, originals, strict=True):
+        for (owner, name, wrap), (_, _, original) in zip(calls, originals, strict=True):
             setattr(owner, name, wrap(original))
         yield
     finally:
@@ -188,6 +188,13 @@ def _cuda_sdpa(
     return _ORIGINAL_SDPA(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )
+
+
+# the calls a CUDA target's trace replaces: attention and dropout as CUDA runs them
+_CUDA_CALLS = (
+    (F, "scaled_dot_product_attention", lambda _: _cuda_sdpa),
+    (F, "dropout", lambda _: _cuda_dropout),
+)
 
 
 def _not_tracing(tensor: Any = None) -> bool:
@@ -302,15 +309,9 @@ def device_kernels(target: str, mixed_precision: bool = False) -> Iterator[None]
         if target == "cpu":
             yield
             return
-        F.scaled_dot_product_attention = _cuda_sdpa
-        F.dropout = _cuda_dropout
-        autocast = _cuda_autocast_fp32() if mixed_precision else contextlib.nullcontext()
-        try:
-            with host_kernels(False), autocast:  # the GPU's kernels, not the CPU's
-                yield
-        finally:
-            F.scaled_dot_product_attention = _ORIGINAL_SDPA
-            F.dropout = _ORIGINAL_DROPOUT
+        calls = _CUDA_CALLS + (_FP32_CALLS if mixed_precision else ())
+        with _patched(calls), host_kernels(False):  # the GPU's kernels, not the CPU's
+            yield
 
 
 def sdpa_is_patched() -> Any:
