@@ -34,28 +34,40 @@ from asrfit.profiles.dataset import DatasetProfile
 from asrfit.profiles.hardware import HardwareProfile
 from asrfit.plan import costs
 from asrfit.plan.search import plan
-calls = []
-def counted(real):
-    return lambda *a, **k: calls.append(1) or real(*a, **k)
-costs.simulate_step = counted(costs.simulate_step)
-if hasattr(costs, "scaled_step"):  # one per simulation, whatever traces it makes
-    costs.scaled_step = counted(costs.scaled_step)
+made = []  # the planner's estimators: each counts its new simulations, wherever they ran
+init = costs.CostEstimator.__init__
+def counted(self, *a, **k):
+    init(self, *a, **k)
+    made.append(self)
+costs.CostEstimator.__init__ = counted
 ds = DatasetProfile.from_manifest({manifest!r})
 kw = {{"exhaustive": True}} if {exhaustive!r} else {{}}
 p = plan(HardwareProfile.from_name({gpu!r}), ds, {model!r}, target_effective_batch=32, **kw)
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
 print("RESULT " + json.dumps({{
     "seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
-    "simulations": len(calls), "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "child_cpu_seconds": children.ru_utime + children.ru_stime,
+    "simulations": sum(e.simulations for e in made),
+    "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "child_rss_mib": children.ru_maxrss / 1024,
     "setup": p.setup.describe(), "buckets": [[b.max_seconds, b.batch_size] for b in p.buckets]}}))
 """
 
 
 def run_once(
-    manifest: Path, cache: Path, model: str, gpu: str, exhaustive: bool = False, src: str = ""
+    manifest: Path,
+    cache: Path,
+    model: str,
+    gpu: str,
+    exhaustive: bool = False,
+    src: str = "",
+    workers: int | None = None,
 ) -> dict:
     env = {**os.environ, "ASRFIT_CACHE_DIR": str(cache)}
     if src:  # plan with another checkout's code (e.g. before a change)
         env["PYTHONPATH"] = src
+    if workers is not None:  # trace workers (asrfit.plan.parallel; default: the CPUs, up to 4)
+        env["ASRFIT_TRACE_WORKERS"] = str(workers)
     code = PLAN.format(manifest=str(manifest), model=model, gpu=gpu, exhaustive=exhaustive)
     started = time.perf_counter()
     out = subprocess.run(
@@ -68,9 +80,11 @@ def run_once(
 
 
 def _row(name: str, r: dict) -> str:
+    children = r.get("child_cpu_seconds", 0.0)
     return (
-        f"| {name} | {r['wall']:.1f} | {r['cpu_seconds']:.1f} | {r['simulations']} | "
-        f"{r['rss_mib']:,.0f} | {r['load']:.1f} |"
+        f"| {name} | {r['wall']:.1f} | {r['cpu_seconds']:.1f} | {children:.1f} | "
+        f"{r['simulations']} | {r['rss_mib']:,.0f} | {r.get('child_rss_mib', 0):,.0f} | "
+        f"{r['load']:.1f} |"
     )
 
 
@@ -88,6 +102,11 @@ def main() -> None:
         "`git archive <commit> src | tar -x -C /tmp/base`, then /tmp/base/src)",
     )
     parser.add_argument("--no-warm", action="store_true", help="skip the warm run")
+    parser.add_argument(
+        "--one-worker",
+        action="store_true",
+        help="also plan cold with every trace in the planning process (ASRFIT_TRACE_WORKERS=1)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_librispeech_like(Path(tmp) / "train.jsonl", args.utterances)
@@ -98,6 +117,11 @@ def main() -> None:
         full = (
             run_once(manifest, Path(tmp) / "cache-full", args.model, args.gpu, exhaustive=True)
             if args.compare
+            else None
+        )
+        single = (
+            run_once(manifest, Path(tmp) / "cache-one", args.model, args.gpu, workers=1)
+            if args.one_worker
             else None
         )
         base = (
@@ -116,6 +140,7 @@ def main() -> None:
         )
     command = f"python bench/plan_speed.py --model {args.model} --gpu {args.gpu}"
     command += " --compare" * args.compare + " --no-warm" * args.no_warm
+    command += " --one-worker" * args.one_worker
     if args.baseline_src:
         command += f" --baseline-src {args.baseline_src}"
     lines = [
@@ -124,16 +149,20 @@ def main() -> None:
         "",
         f"Planning {args.model} on a {args.gpu} for a {args.utterances:,}-utterance "
         "LibriSpeech-like manifest, end to end in a fresh process. CPU seconds are the "
-        "planning process's own; load is the 1-minute load average after the run.",
+        "planning process's own, child CPU seconds its trace workers' "
+        "(`asrfit.plan.parallel`); peak RSS is the planning process's and its largest "
+        "worker's; load is the 1-minute load average after the run.",
         "",
-        "| run | wall s | CPU s | new simulations | peak RSS MiB | load |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| run | wall s | CPU s | child CPU s | new simulations | peak RSS MiB | worker peak RSS MiB | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         _row("cold (empty simulation cache)", cold),
     ]
     if warm is not None:
         lines.append(_row("warm (cache filled by the cold run)", warm))
     if full is not None:
         lines.append(_row("cold, exhaustive search (every fit refined)", full))
+    if single is not None:
+        lines.append(_row("cold, one process (no trace workers)", single))
     if base is not None:
         lines.append(_row(f"cold, code at {args.baseline_src}", base))
     if base_warm is not None:
@@ -143,6 +172,11 @@ def main() -> None:
         same = full["setup"] == cold["setup"] and full["buckets"] == cold["buckets"]
         lines.append(
             f"Exhaustive plan: {'the same' if same else full['setup'] + ', ' + str(full['buckets'])}."
+        )
+    if single is not None:
+        same = single["setup"] == cold["setup"] and single["buckets"] == cold["buckets"]
+        lines.append(
+            f"One-process plan: {'the same' if same else single['setup'] + ', ' + str(single['buckets'])}."
         )
     if base is not None:
         same = base["setup"] == cold["setup"] and base["buckets"] == cold["buckets"]

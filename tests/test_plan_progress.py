@@ -46,6 +46,9 @@ def test_plan_counts_every_new_simulation(
     dataset,  # noqa: ANN001, F811
 ) -> None:
     monkeypatch.setenv("ASRFIT_CACHE_DIR", "off")
+    # every trace in this process, where the counter below sees it (trace workers are forked:
+    # tests/test_plan_parallel.py checks that they change neither the count nor the plan)
+    monkeypatch.setenv("ASRFIT_TRACE_WORKERS", "1")
     monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: 1200 * MIB))
     out = _Terminal()
     seen: list[tuple[int, int]] = []

@@ -180,6 +180,12 @@ def cached_model_fact(kind: str, inputs: dict[str, Any], compute: Callable[[], A
     )
 
 
+def is_cached(key: str) -> bool:
+    """Whether the simulation ``key`` has an entry in the cache folder (False when disabled)."""
+    folder = cache_dir()
+    return folder is not None and (folder / f"{key}.json").is_file()
+
+
 def cached(key: str, compute: Callable[[], StepMemory]) -> StepMemory:
     """Return the cached result for ``key``, computing and storing it on a miss."""
     return _read_through(

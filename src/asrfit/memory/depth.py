@@ -270,6 +270,25 @@ def scaled_step(
 _WHOLE_CHEAPER: dict[tuple, tuple[StepAdapter, int, int]] = {}
 
 
+def whole_cheaper(adapter: StepAdapter) -> list[tuple[str, bool, int, int]]:
+    """What this process learned about ``adapter``'s scaled steps: ``(setup repr,
+    forward_backward, reduced traces' kernel calls, the full trace's)`` for each setup traced
+    whole from now on (for a trace worker to hand back: :func:`learn_whole_cheaper`)."""
+    return [
+        (key[1], key[2], value[1], value[2])
+        for key, value in _WHOLE_CHEAPER.items()
+        if key[0] == id(adapter)
+    ]
+
+
+def learn_whole_cheaper(adapter: StepAdapter, entries: list[tuple[str, bool, int, int]]) -> None:
+    """Take :func:`whole_cheaper` entries learned in another process for ``adapter``."""
+    for setup_repr, forward_backward, reduced, whole in entries:
+        _WHOLE_CHEAPER.setdefault(
+            (id(adapter), setup_repr, bool(forward_backward)), (adapter, int(reduced), int(whole))
+        )
+
+
 def _row_key(row: list) -> tuple:
     """A cost row without its count: its six figures and, for an attention row, its shape."""
     return (*row[:6], tuple(row[7]) if len(row) > 7 else None)

@@ -16,17 +16,24 @@ states by formula (:func:`asrfit.memory.zero.shard_breakdown`).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from asrfit.memory.allocator import peak_within, reserved_bytes
-from asrfit.memory.cache import cache_key, cached
+from asrfit.memory.cache import cache_key, cached, is_cached
 from asrfit.memory.costmodel import PeakModel, fit_peak_model
 from asrfit.memory.roofline import StepCost
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory
 from asrfit.memory.zero import shard_breakdown
+from asrfit.plan.parallel import map_forked, trace_workers
+
+#: A simulation as :meth:`CostEstimator._simulate` asks for it:
+#: ``(batch, setup, optimizer_step, forward_backward)``.
+Request = tuple[BatchShape, Setup, bool, bool]
 
 
 # The tracing code imports torch (1.3 s): it is imported at the first trace, so that a plan
@@ -186,6 +193,7 @@ class CostEstimator:
         self.simulations = 0
         self.depth_scaling = DEPTH_SCALING
         self._memo: dict[str, StepMemory] = {}  # this run's traces, also with the cache off
+        self._ready: dict[str, StepMemory] = {}  # traced by prefetch's workers, not yet asked for
         self.progress: Any = None  # asrfit.plan.progress.TraceProgress, when shown
         self._fits: dict[tuple, tuple[PeakModel, PeakModel]] = {}
         self._optimizer: dict[tuple, StepMemory] = {}
@@ -199,27 +207,80 @@ class CostEstimator:
         optimizer_step: bool = True,
         forward_backward: bool = True,
     ) -> StepMemory:
-        key = cache_key(
-            self.model_key, batch, setup, self.target, 1, optimizer_step, forward_backward
-        )
+        key = self._key(batch, setup, optimizer_step, forward_backward)
 
         def compute() -> StepMemory:
             self.simulations += 1
             if self.progress is not None:
                 self.progress.started(batch, setup, what)
-            common = {
-                "target": self.target,
-                "steps": 1,
-                "optimizer_step": optimizer_step,
-                "forward_backward": forward_backward,
-            }
-            if self.depth_scaling:  # a few layers per stack, scaled (full trace as fallback)
-                return scaled_step(self.adapter, batch, setup, worth=DEPTH_WORTH, **common)
-            return simulate_step(self.adapter, batch, setup, **common)
+            ready = self._ready.pop(key, None)  # traced by a worker (prefetch)
+            if ready is not None:
+                return ready
+            return self._trace(batch, setup, optimizer_step, forward_backward)
 
         if key not in self._memo:
             self._memo[key] = cached(key, compute)
         return self._memo[key]
+
+    def _key(
+        self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
+    ) -> str:
+        return cache_key(
+            self.model_key, batch, setup, self.target, 1, optimizer_step, forward_backward
+        )
+
+    def _trace(
+        self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
+    ) -> StepMemory:
+        common = {
+            "target": self.target,
+            "steps": 1,
+            "optimizer_step": optimizer_step,
+            "forward_backward": forward_backward,
+        }
+        if self.depth_scaling:  # a few layers per stack, scaled (full trace as fallback)
+            return scaled_step(self.adapter, batch, setup, worth=DEPTH_WORTH, **common)
+        return simulate_step(self.adapter, batch, setup, **common)
+
+    def prefetch(self, requests: list[Request]) -> None:
+        """Trace the uncached ``requests`` side by side (:mod:`asrfit.plan.parallel`).
+
+        Each is ``(batch, setup, optimizer_step, forward_backward)``, as :meth:`_simulate`
+        will ask for it; the results wait for that call, which counts and caches them as if
+        it had traced them. Nothing happens with one worker, for fewer than two uncached
+        requests, or for a CPU target (its traces depend on this process's thread count).
+        """
+        if self.target == "cpu":
+            return
+        todo: dict[str, Request] = {}
+        for request in requests:
+            key = self._key(*request)
+            if key not in self._memo and key not in self._ready and not is_cached(key):
+                todo.setdefault(key, request)
+        workers = trace_workers() if len(todo) > 1 else 1
+        if workers < 2:
+            return
+        from asrfit.memory.depth import learn_whole_cheaper, whole_cheaper
+
+        def job(request: Request) -> tuple[StepMemory, list]:
+            # with what the trace taught this process about tracing the setup whole
+            # (asrfit.memory.depth), so that the planner's later traces follow it too
+            return self._trace(*request), whole_cheaper(self.adapter)
+
+        def save(result: tuple[StepMemory, list], path: Path) -> None:
+            step, learned = result
+            text = json.dumps({"step": step.to_dict(), "whole_cheaper": learned})
+            path.write_text(text, encoding="utf-8")
+
+        def load(path: Path) -> tuple[StepMemory, list]:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return StepMemory.from_dict(data["step"], where=str(path)), data["whole_cheaper"]
+
+        jobs = [functools.partial(job, request) for request in todo.values()]
+        for key, result in zip(todo, map_forked(jobs, workers, save, load), strict=True):
+            if result is not None:
+                self._ready[key] = result[0]
+                learn_whole_cheaper(self.adapter, result[1])
 
     def _activation_fit(
         self,
@@ -239,38 +300,36 @@ class CostEstimator:
             batch_cap,
         )
         if key not in self._fits:
-            base = Setup(
-                precision=setup.precision,
-                gradient_checkpointing=setup.gradient_checkpointing,
-                checkpoint_layers=setup.checkpoint_layers,
-                optimizer=OptimizerKind.SGD,
-                freeze_feature_encoder=setup.freeze_feature_encoder,
-            )
+            base = _activation_base(setup)
             points: list[tuple[int, int, int, int]] = []
             flop_points: list[tuple[int, int, int, int]] = []
 
-            def trace(b: int, t: int) -> None:
-                t = max(t, self.min_input_length)
-                u = max(1, round(t * labels_per_step))
-                # forward and backward are read: the optimizer step is not traced
-                step = self._simulate(BatchShape(b, t, u), base, "activations", False)
-                # Step 1 has no optimizer state during forward/backward (it is made afterwards).
-                fwd_bwd = max(
-                    step.phase_peaks_bytes.get("forward", 0),
-                    step.phase_peaks_bytes.get("backward", 0),
-                )
-                points.append((b, t, u, fwd_bwd))
-                flop_points.append((b, t, u, max(step.flops, 1)))
-                self._time_points.setdefault(key, []).append(
-                    (b, t, u, step.cost.select(("forward", "backward")))
-                )
+            def shape(b: int, t: int) -> BatchShape:
+                return self._shape(b, t, labels_per_step)
 
-            for b, t in _fit_shapes(max_input_length):
-                trace(b, t)
+            def trace(shapes: list[BatchShape]) -> None:
+                # forward and backward are read: the optimizer step is not traced
+                self.prefetch([(s, base, False, True) for s in shapes])
+                for s in shapes:
+                    step = self._simulate(s, base, "activations", False)
+                    # Step 1 has no optimizer state during forward/backward (made afterwards).
+                    fwd_bwd = max(
+                        step.phase_peaks_bytes.get("forward", 0),
+                        step.phase_peaks_bytes.get("backward", 0),
+                    )
+                    b, t, u = s.batch_size, s.input_length, s.label_length
+                    points.append((b, t, u, fwd_bwd))
+                    flop_points.append((b, t, u, max(step.flops, 1)))
+                    self._time_points.setdefault(key, []).append(
+                        (b, t, u, step.cost.select(("forward", "backward")))
+                    )
+
+            trace([shape(b, t) for b, t in _fit_shapes(max_input_length)])
             memory = fit_peak_model(points)
             if budget_bytes is not None:
                 # Refine where the planner decides: the largest batch that fits at three
                 # lengths, and half of it; then fit on the points near the budget.
+                refine = []
                 for t in (max_input_length // 4, max_input_length // 2, max_input_length):
                     u = max(1, round(t * labels_per_step))
                     b = min(memory.max_batch(budget_bytes, t, u), _REFINE_MAX_BATCH)
@@ -278,12 +337,30 @@ class CostEstimator:
                         if self.progress is not None:
                             self.progress.skip(2)  # the two refinement traces of this length
                         continue
-                    for batch in sorted({b, b // 2} - {0, 1, 2}):
-                        trace(batch, t)
+                    refine += [shape(batch, t) for batch in sorted({b, b // 2} - {0, 1, 2})]
+                trace(refine)
                 near = [p for p in points if p[3] >= _NEAR_BUDGET * budget_bytes]
                 memory = fit_peak_model(near if len(near) >= 4 else points, never_under=True)
             self._fits[key] = (memory, fit_peak_model(flop_points))
         return self._fits[key]
+
+    def _shape(self, batch_size: int, input_length: int, labels_per_step: float) -> BatchShape:
+        """An activation trace's shape (at least the tiny input length; labels by rate)."""
+        t = max(input_length, self.min_input_length)
+        return BatchShape(batch_size, t, max(1, round(t * labels_per_step)))
+
+    def prefetch_screening(
+        self, setups: list[Setup], max_input_length: int, labels_per_step: float
+    ) -> None:
+        """Trace side by side what screening ``setups`` needs: every group's coarse shapes and
+        every optimizer's state (:meth:`prefetch`; the same requests :meth:`costs` makes)."""
+        requests: list[Request] = [
+            (self._shape(b, t, labels_per_step), _activation_base(setup), False, True)
+            for setup in setups
+            for b, t in _fit_shapes(max_input_length)
+        ]
+        requests += [self._optimizer_request(setup) for setup in setups]
+        self.prefetch(requests)
 
     def label_pairs(
         self, setup: Setup, shapes: list[tuple[int, int, int]], low: float
@@ -294,16 +371,18 @@ class CostEstimator:
         the low-label trace is new), the same shape with ``low`` times the labels. Same base
         setup as the activation fit (step 1, SGD).
         """
-        base = Setup(
-            precision=setup.precision,
-            gradient_checkpointing=setup.gradient_checkpointing,
-            checkpoint_layers=setup.checkpoint_layers,
-            optimizer=OptimizerKind.SGD,
-            freeze_feature_encoder=setup.freeze_feature_encoder,
+        base = _activation_base(setup)
+        lows = [(b, t, u, max(1, round(u * low))) for b, t, u in shapes]
+        self.prefetch(
+            [
+                (BatchShape(b, t, x), base, False, True)
+                for b, t, u, lo in lows
+                if lo < u
+                for x in (u, lo)
+            ]
         )
         pairs = []
-        for b, t, u_hi in shapes:
-            u_lo = max(1, round(u_hi * low))
+        for b, t, u_hi, u_lo in lows:
             if u_lo >= u_hi:
                 continue
             hi, lo = BatchShape(b, t, u_hi), BatchShape(b, t, u_lo)
@@ -317,21 +396,23 @@ class CostEstimator:
             )
         return pairs
 
+    def _optimizer_request(self, setup: Setup) -> Request:
+        """The optimizer-state trace of ``setup``: the optimizer phase's peak and the model
+        states do not depend on the batch, so it is traced on the gradients backward leaves,
+        without a forward and backward pass, at a tiny shape."""
+        base = Setup(
+            precision=setup.precision,
+            optimizer=setup.optimizer,
+            freeze_feature_encoder=setup.freeze_feature_encoder,
+        )
+        return (BatchShape(1, self.min_input_length, 1), base, True, False)
+
     def _optimizer_trace(self, setup: Setup) -> StepMemory:
         key = (setup.precision, setup.optimizer, setup.freeze_feature_encoder)
         if key not in self._optimizer:
-            base = Setup(
-                precision=setup.precision,
-                optimizer=setup.optimizer,
-                freeze_feature_encoder=setup.freeze_feature_encoder,
-            )
-            # the optimizer phase's peak and the model states do not depend on the batch:
-            # traced on the gradients backward leaves, without a forward and backward pass
+            batch, base, _, _ = self._optimizer_request(setup)
             self._optimizer[key] = self._simulate(
-                BatchShape(1, self.min_input_length, 1),
-                base,
-                f"{setup.optimizer.value} state",
-                forward_backward=False,
+                batch, base, f"{setup.optimizer.value} state", forward_backward=False
             )
         return self._optimizer[key]
 
@@ -391,6 +472,18 @@ class CostEstimator:
             ),
             optimizer_cost=opt.cost.select(("optimizer", "zero_grad")),
         )
+
+
+def _activation_base(setup: Setup) -> Setup:
+    """The setup the activation traces of ``setup`` run: its precision and checkpointing,
+    plain SGD (step 1 has no optimizer state during forward and backward)."""
+    return Setup(
+        precision=setup.precision,
+        gradient_checkpointing=setup.gradient_checkpointing,
+        checkpoint_layers=setup.checkpoint_layers,
+        optimizer=OptimizerKind.SGD,
+        freeze_feature_encoder=setup.freeze_feature_encoder,
+    )
 
 
 def model_key(config: object) -> str:

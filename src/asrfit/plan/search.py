@@ -295,6 +295,9 @@ def plan(
             states = {(s.precision, s.optimizer) for s in setups}
             progress.expect((COARSE_TRACES + MAX_REFINE_TRACES) * len(groups) + len(states) + per_choice)
         without: list[tuple[Setup, SetupCosts, Any]] = []  # setups without checkpointing
+        # every group's coarse traces and every optimizer's state, side by side where this
+        # host has the cores (asrfit.plan.parallel); the search below finds them traced
+        estimator.prefetch_screening(setups, max_input, labels_per_second / rate)
         for setup, costs, result in refined(setups, evaluate, exhaustive, skip):
             all_costs.append(costs)
             if not setup.gradient_checkpointing:

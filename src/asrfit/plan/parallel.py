@@ -1,0 +1,169 @@
+"""Simulations side by side: a phase's uncached traces in forked worker processes.
+
+A cold plan is a few dozen fake-tensor traces, each one core's Python for 0.3-3 s, and
+within a phase they do not depend on each other: the coarse shapes of every setup and the
+optimizer states (screening), a fit's refinement shapes, the label pairs. :func:`map_forked`
+runs such a phase on several cores. The parent forks after the model's code is imported (a
+child shares it copy-on-write: no second import of torch and transformers, which alone take
+5-6 s on a 2-core host), each child runs its share of the jobs and writes each result as a
+JSON file into a private temporary folder, the parent runs its own share meanwhile and then
+reads the children's files. A child that fails or dies leaves no file: the job's result is
+``None`` and the caller computes it itself, so any error surfaces in the parent exactly as
+it would without workers.
+
+Workers: ``$ASRFIT_TRACE_WORKERS`` if set (1: none), else the CPUs this process may run on,
+at most :data:`MAX_TRACE_WORKERS` (each trace holds a model's fake tensors and the trace's
+records: a few hundred MiB of host memory per worker). Only where ``os.fork`` exists and is
+the platform's usual way to start a worker (Linux; not macOS, where forking a process that
+loaded system frameworks is unsafe, nor Windows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from asrfit.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Default ceiling on trace workers (each one a process with its own trace in memory).
+MAX_TRACE_WORKERS = 4
+
+
+def trace_workers() -> int:
+    """Processes a phase of simulations may use (1: trace in this process only).
+
+    Raises:
+        ConfigError: When ``$ASRFIT_TRACE_WORKERS`` is not a positive integer.
+    """
+    value = os.environ.get("ASRFIT_TRACE_WORKERS", "").strip()
+    if value:
+        try:
+            workers = int(value)
+        except ValueError:
+            workers = 0
+        if workers < 1:
+            raise ConfigError(
+                f"ASRFIT_TRACE_WORKERS={value!r}: expected a positive integer (1: no worker "
+                "processes)."
+            )
+    else:
+        from asrfit.profiles.gpus.probe import cpu_count
+
+        workers = min(cpu_count(), MAX_TRACE_WORKERS)
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return 1
+    return workers
+
+
+def map_forked(
+    jobs: Sequence[Callable[[], T]],
+    workers: int,
+    save: Callable[[T, Path], Any],
+    load: Callable[[Path], T],
+) -> list[T | None]:
+    """Each job's result, with ``jobs[i::workers]`` run in forked child ``i`` (``i >= 1``).
+
+    The parent runs ``jobs[0::workers]`` itself. A child's results come back through
+    ``save`` / ``load`` (a file per job); a job whose child failed, or whose file cannot be
+    read, gives ``None``. An exception in one of the parent's own jobs is raised after every
+    child has been stopped and reaped.
+
+    Args:
+        jobs: Callables without arguments (closures over what the parent holds).
+        workers: Processes, the parent included (at most one per job is used).
+        save: Writes one result to a path (in the child).
+        load: Reads one result from a path (in the parent).
+    """
+    workers = max(1, min(workers, len(jobs)))
+    results: list[T | None] = [None] * len(jobs)
+    if workers == 1:
+        return [job() for job in jobs]
+    with tempfile.TemporaryDirectory(prefix="asrfit-traces-") as tmp:
+        folder = Path(tmp)
+        children: list[int] = []
+        try:
+            for worker in range(1, workers):
+                pid = os.fork()
+                if pid == 0:  # the child: its share, then leave without the parent's exit hooks
+                    _run_child(jobs, worker, workers, folder, save)
+                children.append(pid)
+            for index in range(0, len(jobs), workers):
+                results[index] = jobs[index]()
+        except BaseException:
+            for pid in children:  # the parent's own job failed (or was interrupted)
+                _stop(pid)
+            raise
+        for pid in children:
+            _reap(pid)
+        for index in range(len(jobs)):
+            if index % workers == 0:
+                continue
+            path = folder / f"{index}.json"
+            if not path.is_file():
+                continue  # the child failed on it (logged there); the caller computes it
+            try:
+                results[index] = load(path)
+            except (OSError, ValueError, KeyError, TypeError, ConfigError) as err:
+                logger.warning(
+                    "trace worker's result %s unreadable (%s): traced here instead", path, err
+                )
+    return results
+
+
+def _run_child(
+    jobs: Sequence[Callable[[], Any]],
+    worker: int,
+    workers: int,
+    folder: Path,
+    save: Callable[[Any, Path], Any],
+) -> None:
+    """A forked child's life: its jobs, each result saved; never returns."""
+    code = 0
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            # intra-op threads after fork: one, as PyTorch's DataLoader workers do (a thread
+            # pool the parent started does not exist here); a fake trace runs no large kernel
+            torch.set_num_threads(1)
+        for index in range(worker, len(jobs), workers):
+            result = jobs[index]()
+            path = folder / f"{index}.json"
+            partial = path.with_suffix(".part")
+            save(result, partial)
+            os.replace(partial, path)  # the parent reads whole files only
+    except BaseException as err:  # noqa: BLE001 - the parent recomputes and raises it there
+        logger.info(
+            "trace worker %d stopped (%s: %s); the plan traces the rest itself",
+            worker,
+            type(err).__name__,
+            err,
+        )
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _stop(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _reap(pid)
