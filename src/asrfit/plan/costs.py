@@ -194,6 +194,7 @@ class CostEstimator:
         self.depth_scaling = DEPTH_SCALING
         self._memo: dict[str, StepMemory] = {}  # this run's traces, also with the cache off
         self._ready: dict[str, StepMemory] = {}  # traced by prefetch's workers, not yet asked for
+        self._traced_here = False  # whether this process has traced (imported the model's code)
         self.progress: Any = None  # asrfit.plan.progress.TraceProgress, when shown
         self._fits: dict[tuple, tuple[PeakModel, PeakModel]] = {}
         self._optimizer: dict[tuple, StepMemory] = {}
@@ -232,6 +233,7 @@ class CostEstimator:
     def _trace(
         self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
     ) -> StepMemory:
+        self._traced_here = True
         common = {
             "target": self.target,
             "steps": 1,
@@ -260,6 +262,11 @@ class CostEstimator:
         workers = trace_workers() if len(todo) > 1 else 1
         if workers < 2:
             return
+        if not self._traced_here:
+            # the first trace imports the model's code (5-6 s for transformers on a 2-core
+            # host) and warms the fake-tensor caches: here, once, for the workers to share
+            key = next(iter(todo))
+            self._ready[key] = self._trace(*todo.pop(key))
         from asrfit.memory.depth import learn_whole_cheaper, whole_cheaper
 
         def job(request: Request) -> tuple[StepMemory, list]:

@@ -131,6 +131,7 @@ def _run_child(
     """A forked child's life: its jobs, each result saved; never returns."""
     code = 0
     try:
+        _die_with_parent()
         torch = sys.modules.get("torch")
         if torch is not None:
             # intra-op threads after fork: one, as PyTorch's DataLoader workers do (a thread
@@ -156,6 +157,18 @@ def _run_child(
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this child when the planning process dies (``PR_SET_PDEATHSIG``),
+    so that no worker outlives a plan that was stopped."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
 
 
 def _reap(pid: int) -> None:
