@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import signal
+import struct
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -72,12 +73,15 @@ def map_forked(
     save: Callable[[T, Path], Any],
     load: Callable[[Path], T],
 ) -> list[T | None]:
-    """Each job's result, with ``jobs[i::workers]`` run in forked child ``i`` (``i >= 1``).
+    """Each job's result, the jobs shared out among this process and ``workers - 1`` forked
+    children.
 
-    The parent runs ``jobs[0::workers]`` itself. A child's results come back through
-    ``save`` / ``load`` (a file per job); a job whose child failed, or whose file cannot be
-    read, gives ``None``. An exception in one of the parent's own jobs is raised after every
-    child has been stopped and reaped.
+    Every process takes the next job not yet taken (a queue of job numbers in a pipe, so
+    that a long trace does not hold up a worker's other jobs) until none is left. A child's
+    results come back through ``save`` / ``load`` (a file per job); a job whose child failed
+    (the child then stops taking jobs), or whose file cannot be read, gives ``None``. An
+    exception in one of this process's own jobs is raised after every child has been
+    stopped and reaped.
 
     Args:
         jobs: Callables without arguments (closures over what the parent holds).
@@ -91,27 +95,34 @@ def map_forked(
         return [job() for job in jobs]
     with tempfile.TemporaryDirectory(prefix="asrfit-traces-") as tmp:
         folder = Path(tmp)
+        queue, feed = os.pipe()
+        try:  # every job number, written before any fork: the queue only drains after this
+            os.write(feed, b"".join(struct.pack("<I", i) for i in range(len(jobs))))
+        finally:
+            os.close(feed)  # no writer left: an empty queue reads as its end
         children: list[int] = []
+        ran_here: list[int] = []
         try:
-            for worker in range(1, workers):
+            for _ in range(1, workers):
                 pid = os.fork()
-                if pid == 0:  # the child: its share, then leave without the parent's exit hooks
-                    _run_child(jobs, worker, workers, folder, save)
+                if pid == 0:  # the child: jobs from the queue, then leave without exit hooks
+                    _run_child(jobs, queue, folder, save)
                 children.append(pid)
-            for index in range(0, len(jobs), workers):
+            while (index := _next(queue)) is not None:
                 results[index] = jobs[index]()
+                ran_here.append(index)
         except BaseException:
-            for pid in children:  # the parent's own job failed (or was interrupted)
+            for pid in children:  # this process's own job failed (or was interrupted)
                 _stop(pid)
             raise
+        finally:
+            os.close(queue)
         for pid in children:
             _reap(pid)
-        for index in range(len(jobs)):
-            if index % workers == 0:
-                continue
+        for index in sorted(set(range(len(jobs))) - set(ran_here)):
             path = folder / f"{index}.json"
             if not path.is_file():
-                continue  # the child failed on it (logged there); the caller computes it
+                continue  # its child failed (logged there) or stopped first: the caller computes it
             try:
                 results[index] = load(path)
             except (OSError, ValueError, KeyError, TypeError, ConfigError) as err:
@@ -121,14 +132,19 @@ def map_forked(
     return results
 
 
+def _next(queue: int) -> int | None:
+    """The next job number from the queue (None: no job left)."""
+    data = os.read(queue, 4)  # whole 4-byte numbers: every read asks for one
+    return struct.unpack("<I", data)[0] if len(data) == 4 else None
+
+
 def _run_child(
     jobs: Sequence[Callable[[], Any]],
-    worker: int,
-    workers: int,
+    queue: int,
     folder: Path,
     save: Callable[[Any, Path], Any],
 ) -> None:
-    """A forked child's life: its jobs, each result saved; never returns."""
+    """A forked child's life: jobs from the queue, each result saved; never returns."""
     code = 0
     try:
         _die_with_parent()
@@ -137,7 +153,7 @@ def _run_child(
             # intra-op threads after fork: one, as PyTorch's DataLoader workers do (a thread
             # pool the parent started does not exist here); a fake trace runs no large kernel
             torch.set_num_threads(1)
-        for index in range(worker, len(jobs), workers):
+        while (index := _next(queue)) is not None:
             result = jobs[index]()
             path = folder / f"{index}.json"
             partial = path.with_suffix(".part")
@@ -146,7 +162,7 @@ def _run_child(
     except BaseException as err:  # noqa: BLE001 - the parent recomputes and raises it there
         logger.info(
             "trace worker %d stopped (%s: %s); the plan traces the rest itself",
-            worker,
+            os.getpid(),
             type(err).__name__,
             err,
         )
