@@ -98,3 +98,26 @@ def test_resume_continues_the_last_stage(run) -> None:
     new = resumed.epochs[12:]
     assert [(e.stage, e.epoch) for e in new] == [(1, 7), (2, 7)]
     assert new[1].steps > report.epochs[-1].steps
+
+
+@pytest.mark.slow
+def test_resumed_to_train_longer_keeps_its_steps_and_follows_the_longer_schedule(corpus, tmp_path) -> None:
+    # reference: a fresh run of the longer length, whose schedule the resumed run must follow
+    common = {
+        "model": "conformer-ctc-small", "train": str(corpus / "train.jsonl"), "target_batch": 8,
+        "epochs": 10, "learning_rate": 3e-3, "random_init": True, "model_overrides": TINY,
+        "spec_augment": False, "tensorboard": False,
+    }
+
+    def steps(folder) -> list[dict]:
+        rows = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+        return [r for r in rows if r["kind"] == "step"]
+
+    train_asr(RunConfig(**common, out_dir=str(tmp_path / "run"), max_steps=6))
+    train_asr(RunConfig(**common, out_dir=str(tmp_path / "run"), max_steps=10, resume=True))
+    train_asr(RunConfig(**common, out_dir=str(tmp_path / "fresh"), max_steps=10))
+    resumed, fresh = steps(tmp_path / "run"), steps(tmp_path / "fresh")
+    assert [r["step"] for r in resumed] == list(range(1, 11))  # the first six kept, none twice
+    later = [r["learning_rate"] for r in resumed[6:]]
+    assert later == pytest.approx([r["learning_rate"] for r in fresh[6:]])  # not the old end's 0
+    assert all(rate > 0 for rate in later)

@@ -268,6 +268,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         if resume_from is not None:
             saved = torch.load(latest_checkpoint(stage_dir / "checkpoints"), map_location="cpu", weights_only=False)
             step, batches_done = int(saved["step"]), int(saved["extra"].get("batches_in_epoch", 0))
+            events.resumed_at(events.offset + step)  # steps.jsonl: the steps after it come again
             if batches_done == 0 and not state.is_scored(stage, step):
                 # killed after the epoch's checkpoint, before its score was saved: score it now
                 trainer.unwrapped_model.load_state_dict(saved["model"])

@@ -61,13 +61,24 @@ class StageListeners(RunListener):
         for listener in self.listeners:
             listener.on_train_end()
 
+    def resumed_at(self, step: int) -> None:
+        """A resumed run continues after ``step`` (numbered across stages): listeners that
+        keep a record drop what they recorded after it, which is trained again."""
+        for listener in self.listeners:
+            drop = getattr(listener, "drop_after", None)
+            if drop is not None:
+                dropped = drop(step)
+                if dropped:
+                    logger.info("resumed after step %d: %d later records dropped", step, dropped)
+
 
 def run_listeners(cfg: Any, out: Path, extra: list[RunListener]) -> StageListeners:
     """``steps.jsonl`` always, TensorBoard when installed (and ``cfg.tensorboard``), then ``extra``.
 
-    A resumed run writes ``steps.jsonl`` afresh from the steps it trains.
+    A fresh run starts ``steps.jsonl`` afresh; a resumed one appends to it (after dropping
+    the records past its checkpoint: :meth:`StageListeners.resumed_at`).
     """
-    if cfg.resume:
+    if not cfg.resume:
         (out / "steps.jsonl").unlink(missing_ok=True)
     chosen: list[RunListener] = [JsonlListener(out / "steps.jsonl")]
     if cfg.tensorboard and tensorboard_available():

@@ -387,6 +387,7 @@ def resume_trainer(
         ConfigError: An unreadable checkpoint, or one saved by another number of processes.
     """
     acc = trainer.accelerator
+    requested = _schedule_settings(trainer.scheduler)
     info = load_checkpoint(
         resume_from,
         model=trainer.unwrapped_model,
@@ -396,6 +397,7 @@ def resume_trainer(
         directory=trainer.checkpoint_dir,
         restore_rng=False,
     )
+    _keep_requested_schedule(trainer.scheduler, requested, info.path)
     ranks = info.extra.get("ranks", [])
     if len(ranks) != acc.num_processes:
         raise ConfigError(
@@ -418,6 +420,40 @@ def resume_trainer(
     if saved is not None and saved["kind"] == "epoch_start":
         trainer.epoch_start_state = saved["state"]
     return restore_sampler(sampler, saved, trainer.batches_in_epoch)
+
+
+def _schedule_settings(scheduler: Any) -> list[dict[str, Any]] | None:
+    """The warm-up and total steps of each of a ``LambdaLR``'s schedule objects (None: none)."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if not lambdas or not all(hasattr(f, "total_steps") for f in lambdas):
+        return None
+    return [{"warmup_steps": f.warmup_steps, "total_steps": f.total_steps} for f in lambdas]
+
+
+def _keep_requested_schedule(scheduler: Any, requested: list[dict[str, Any]] | None, where: Path) -> None:
+    """After a checkpoint's scheduler state is loaded: keep the schedule this run asked for.
+
+    A :class:`~asrfit.train.components.LinearWarmupDecay` saves its warm-up and total steps
+    with the scheduler, so a run resumed with the same length continues its schedule
+    exactly. A run resumed to train longer (or shorter) asked for another total: the saved
+    one would hold the learning rate at 0 after the old end, so the run's own settings are
+    put back (the step count is kept) and the optimizer's rates set from them.
+    """
+    restored = _schedule_settings(scheduler)
+    if requested is None or restored is None or restored == requested:
+        return
+    for fn, settings in zip(scheduler.lr_lambdas, requested, strict=True):
+        fn.__dict__.update(settings)
+    step = scheduler.last_epoch
+    rates = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what get_last_lr() reports until the next step
+    logger.warning(
+        "%s: its learning-rate schedule ended at step %s; this run's ends at step %s: "
+        "continuing from step %d on this run's schedule (learning rate now %.3g)",
+        where, restored[0]["total_steps"], requested[0]["total_steps"], step, rates[0],
+    )
 
 
 def save_due(trainer: Any) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from asrfit.train.probes import GIB, require_tensorboard
+from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,28 @@ class JsonlListener(RunListener):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def drop_after(self, step: int) -> int:
+        """Keep the records up to ``step`` (a resumed run trains the later steps again).
+
+        The file is rewritten atomically; returns the records dropped.
+        """
+        self.on_train_end()
+        if not self.path.is_file():
+            return 0
+        kept, dropped = [], 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                late = int(json.loads(line).get("step", 0)) > step
+            except (ValueError, TypeError, AttributeError):
+                late = True  # a line cut short when the run was killed
+            if late:
+                dropped += 1
+            else:
+                kept.append(line + "\n")
+        if dropped:
+            atomic_write_text(self.path, "".join(kept))
+        return dropped
 
 
 class TensorBoardListener(RunListener):
