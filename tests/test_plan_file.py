@@ -139,3 +139,23 @@ def test_fixed_batch_accumulation_keeps_the_target_within_a_micro_batch(batch, w
     for other in (accum - 1, accum + 1):  # and no other accumulation is closer
         if other >= 1:
             assert abs(batch * other * world - target) >= abs(effective - target)
+
+
+def test_a_resized_output_layer_or_skipped_utterances_keep_the_plan(monkeypatch, dataset):  # noqa: F811
+    # `asrfit plan` profiles the config's output layer and the whole manifest; `asrfit train`
+    # sizes the layer to the corpus's characters and plans on the utterances that pass validation
+    hardware = _hardware(monkeypatch, 1200 * MIB)
+    saved = plan(hardware, dataset, _tiny_config()).fingerprints
+    resized = _tiny_config()
+    resized.vocab_size = 20  # of 30
+    durations = sorted(dataset.duration_sample_seconds)
+    fewer = DatasetProfile.from_dict({
+        **dataset.to_dict(), "num_utterances": dataset.num_utterances - 1,
+        "total_seconds": dataset.total_seconds - durations[0],
+    })
+    current = fingerprints(hardware, fewer, ModelProfile.from_spec(resized))
+    assert current["model"] != saved["model"] and current["data"] != saved["data"]
+    assert check_fingerprints(saved, current, where="p.json") == []
+    longer = DatasetProfile.from_dict({**fewer.to_dict(), "duration_max_seconds": dataset.duration_max_seconds + 1})
+    with pytest.raises(ConfigError, match="data: plan made for"):  # a longer utterance: limits may not fit
+        check_fingerprints(saved, fingerprints(hardware, longer, ModelProfile.from_spec(resized)), where="p.json")
