@@ -560,3 +560,15 @@ def test_lightning_trainer_kwargs(setup, strategy, approximate):
         "gradient_clip_val": 1.0,
     }
     # tests/test_lightning_integration.py checks each name against Lightning's own registry
+
+
+def test_a_cpu_plan_exports_to_the_cpu():
+    # a plan made where no GPU was found (`asrfit plan --gpu auto` there, `asrfit train`'s own)
+    plan = copy.deepcopy(example_plan(precision="fp32"))
+    plan.gpu = "cpu-only"
+    assert quiet_export(plan, "lightning")["accelerator"] == "cpu"
+    assert quiet_export(plan, "nemo")["trainer"]["accelerator"] == "cpu"
+    assert quiet_export(plan, "accelerate")["use_cpu"] is True
+    gpu = example_plan(precision="fp32")
+    assert quiet_export(gpu, "lightning")["accelerator"] == "gpu"
+    assert quiet_export(gpu, "accelerate")["use_cpu"] is False

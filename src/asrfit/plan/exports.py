@@ -369,7 +369,7 @@ def _export_accelerate(plan: Plan) -> dict[str, Any]:
         "num_processes": setup.world_size,
         "rdzv_backend": "static",
         "same_network": True,
-        "use_cpu": False,
+        "use_cpu": plan.on_cpu,
     }
     if plan.num_nodes > 1:
         config["main_process_ip"] = None  # the rank-0 node's address: fill in

@@ -67,7 +67,7 @@ def export_lightning(plan: Plan) -> dict[str, Any]:
     """
     setup = plan.setup
     return {
-        "accelerator": "gpu",
+        "accelerator": "cpu" if plan.on_cpu else "gpu",
         "devices": plan.gpus_per_node,
         "num_nodes": plan.num_nodes,
         "strategy": _lightning_strategy(setup),
@@ -142,7 +142,7 @@ def export_nemo(plan: Plan) -> dict[str, Any]:
         "cuda_expandable_segments": plan.expandable_segments,
     }
     trainer = {
-        "accelerator": "gpu",
+        "accelerator": "cpu" if plan.on_cpu else "gpu",
         "devices": plan.gpus_per_node,
         "num_nodes": plan.num_nodes,
         "strategy": _lightning_strategy(setup),

@@ -207,6 +207,11 @@ class Plan(JsonDataclass):
         return super().from_dict(data, where=where)
 
     @property
+    def on_cpu(self) -> bool:
+        """Whether the plan is for training on the CPU (planned where no GPU was found)."""
+        return self.gpu == "cpu-only" or self.fingerprints.get("gpu") == "cpu"
+
+    @property
     def gpus_per_node(self) -> int:
         """Processes (GPUs) on each node: ``world_size / num_nodes``."""
         return self.setup.world_size // self.num_nodes
