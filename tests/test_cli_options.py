@@ -117,6 +117,14 @@ BAD_OPTIONS = [
     ("train", ["--plan", "missing-plan.json"], ["--plan", "does not exist"]),
     ("train", ["--dev", "missing-dev.jsonl"], ["--dev", "does not exist"]),
     ("train", ["--progress-every", "0"], ["--progress-every", "x>0"]),
+    # a range check is false for NaN: each must still be refused by name
+    ("memory", ["--seconds", "nan"], ["--seconds", "'nan' is not a finite number"]),
+    ("memory", ["--seconds", "inf"], ["--seconds", "'inf' is not a finite number"]),
+    ("plan", ["--target-hours", "nan"], ["--target-hours", "not a finite number"]),
+    ("plan", ["--max-seconds", "nan"], ["--max-seconds", "not a finite number"]),
+    ("plan", ["--safety", "nan"], ["--safety", "not a finite number"]),
+    ("train", ["--epochs", "inf"], ["--epochs", "not a finite number"]),
+    ("train", ["--max-skipped", "nan"], ["--max-skipped", "not a finite number"]),
 ]
 
 

@@ -5,6 +5,7 @@ it accepts (exit code 2, click's usage-error code).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
@@ -14,12 +15,24 @@ from asrfit.errors import AsrfitError
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "pure_bf16")
 OPTIMIZERS = ("adamw", "adamw8bit", "adafactor", "sgd")
 
+class FiniteFloatRange(click.FloatRange):
+    """A ``click.FloatRange`` that also refuses ``nan`` and ``inf`` (a range check is false
+    for NaN, so click lets it through to the arithmetic that needs a number)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The number, once it is finite and in range."""
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
 #: Utterances, steps, processes: whole numbers from 1.
 POSITIVE_INT = click.IntRange(min=1)
 #: Seconds, hours, learning rates: numbers above 0.
-POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
+POSITIVE_FLOAT = FiniteFloatRange(min=0, min_open=True)
 #: Share of GPU memory a plan may fill.
-SAFETY = click.FloatRange(0.5, 0.98)
+SAFETY = FiniteFloatRange(0.5, 0.98)
 
 
 class GpuName(click.ParamType):

@@ -12,6 +12,7 @@ from asrfit.cli.options import (
     POSITIVE_FLOAT,
     POSITIVE_INT,
     STAGES,
+    FiniteFloatRange,
     check_save_every,
     parse_overrides,
 )
@@ -112,14 +113,14 @@ from asrfit.cli.render import console, print_json, rows_table
 )
 @click.option(
     "--max-skipped",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     default=0.05,
     show_default=True,
     help="Stop when more than this share of the training utterances would be skipped.",
 )
 @click.option(
     "--duration-tolerance",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=0.1,
     show_default=True,
     help="Seconds a manifest duration may differ from the audio header (or 2 %, the larger).",
