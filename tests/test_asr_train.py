@@ -121,3 +121,18 @@ def test_resumed_to_train_longer_keeps_its_steps_and_follows_the_longer_schedule
     later = [r["learning_rate"] for r in resumed[6:]]
     assert later == pytest.approx([r["learning_rate"] for r in fresh[6:]])  # not the old end's 0
     assert all(rate > 0 for rate in later)
+
+
+def test_resuming_with_another_model_is_refused_by_name(corpus, tmp_path) -> None:
+    from asrfit.errors import ConfigError
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run_config.json").write_text(json.dumps({"model": "conformer-ctc-tiny", "model_overrides": {}}))
+    cfg = RunConfig(model="conformer-ctc-small", train=str(corpus / "train.jsonl"), out_dir=str(folder),
+                    resume=True, random_init=True)
+    with pytest.raises(ConfigError, match=r"trained with --model 'conformer-ctc-tiny'.*'conformer-ctc-small'"):
+        train_asr(cfg)
+    same = RunConfig.from_dict({**cfg.to_dict(), "model": "conformer-ctc-tiny", "model_overrides": {"d_model": 48}})
+    with pytest.raises(ConfigError, match=r"--set \{\}.*'d_model': 48"):
+        train_asr(same)

@@ -79,6 +79,26 @@ def _dataset_profile(cfg: RunConfig, train_set: SpeechDataset) -> Any:
     return DatasetProfile.from_source(source)
 
 
+def _check_resumed_model(cfg: RunConfig, out: Path) -> None:
+    """Refuse to resume a run folder with another model than it was trained with."""
+    path = out / "run_config.json"
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # unreadable: the checkpoint itself will say whether it fits
+    for name, flag in (("model", "--model"), ("model_overrides", "--set")):
+        before, now = saved.get(name), getattr(cfg, name)
+        if name == "model_overrides":
+            before, now = before or {}, now or {}
+        if before != now:
+            raise ConfigError(
+                f"{out}: its run was trained with {flag} {before!r}, this one asks for {now!r}; "
+                f"resume with the same {flag}, or train afresh in another --out folder."
+            )
+
+
 def _check_loaded_plan(cfg: RunConfig, asr: ASRModel, train_set: SpeechDataset, plan: Any) -> None:
     """Refuse a --plan made for another model, GPU or dataset, unless --force-plan (then log)."""
     from asrfit.memory.report import resolve_adapter
@@ -158,6 +178,8 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.resume:
+        _check_resumed_model(cfg, out)
     atomic_write_text(out / "run_config.json", cfg.to_json())  # for `asrfit report` mid-run
     for stale in remove_stale_temporaries(out):
         logger.info("removed %s left by an interrupted write", stale)
