@@ -53,3 +53,40 @@ def test_audio_is_decoded_without_torchcodec(tmp_path):
     assert audio.shape == (16000,)  # 1 s resampled from 8 kHz
     with pytest.raises(Exception, match="no audio column 'speech'"):
         prepare_audio_dataset(ds, "speech")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_plain_trainer_route_trains(tmp_path, one_thread, grouped):
+    # README: TrainingArguments(output_dir=..., **config.to_training_arguments()) then
+    # Trainer.train(), with a dataset of audio and text only (lengths added for grouping)
+    from transformers import Trainer, TrainingArguments, Wav2Vec2FeatureExtractor
+
+    from asrfit import create_optimal_config
+    from asrfit.train.hf import SpeechCollator, add_length_column, prepare_audio_dataset
+
+    example = load_example()
+    ds = example.make_corpus(tmp_path / "train", 12, "audio")
+    tokenizer = example.make_tokenizer(list(ds["text"]), tmp_path)
+    model = example.tiny_model(len(tokenizer))
+    config, _ = create_optimal_config(ds, model, gpu="T4", target_batch_size=4, precision="fp32")
+    if grouped:
+        ds = add_length_column(ds)
+        assert ds["input_length"] == pytest.approx([d for d in example_durations(ds)], abs=1e-3)
+    kwargs = config.to_training_arguments(length_column="input_length" if grouped else None)
+    assert ("length_column_name" in kwargs) is grouped
+    kwargs.update(optim="adamw_torch", max_steps=2, save_strategy="no", report_to="none", use_cpu=True)
+    trainer = Trainer(
+        model=model,
+        args=TrainingArguments(output_dir=str(tmp_path / "out"), **kwargs),
+        train_dataset=prepare_audio_dataset(ds),
+        data_collator=SpeechCollator(Wav2Vec2FeatureExtractor(return_attention_mask=True), tokenizer),
+    )
+    assert math.isfinite(trainer.train().training_loss)
+
+
+def example_durations(ds) -> list[float]:
+    """Each row's duration from its decoded audio (the reference for the header lengths)."""
+    from asrfit.train.hf import decode_audio, prepare_audio_dataset
+
+    return [len(decode_audio(cell, 16000)) / 16000 for cell in prepare_audio_dataset(ds)["audio"]]

@@ -180,7 +180,7 @@ def test_training_arguments_build_for_real(tmp_path):
         optim="adafactor",
         max_memory_gb=10.0,
     )
-    kwargs = config.to_training_arguments()
+    kwargs = config.to_training_arguments(length_column="input_length")
     init_fields = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
     assert set(kwargs) <= init_fields
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **kwargs)
@@ -194,7 +194,11 @@ def test_training_arguments_build_for_real(tmp_path):
     assert (args.fp16, args.bf16) == (False, False)
     grouped = getattr(args, "group_by_length", None) is True
     grouped = grouped or getattr(args, "train_sampling_strategy", None) == "group_by_length"
-    assert grouped
+    assert grouped and args.length_column_name == "input_length"
+    # without a column of lengths the Trainer cannot group audio (it looks for input_ids)
+    plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **config.to_training_arguments())
+    assert getattr(plain, "group_by_length", False) is not True
+    assert getattr(plain, "train_sampling_strategy", "random") != "group_by_length"
 
 
 def test_training_arguments_reject_an_unknown_optimizer():

@@ -300,7 +300,9 @@ class TrainingConfig(JsonDataclass):
             values.update(fp16=False, bf16=False)
         return cls(**values)
 
-    def to_training_arguments(self, memory_budget_sampler: bool = False) -> dict[str, Any]:
+    def to_training_arguments(
+        self, memory_budget_sampler: bool = False, length_column: str | None = None
+    ) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments`` (without ``output_dir``).
 
         ``TrainingArguments(output_dir="out", **config.to_training_arguments())`` then
@@ -318,8 +320,15 @@ class TrainingConfig(JsonDataclass):
         (transformers 5), and length grouping to ``train_sampling_strategy="group_by_length"``
         where that replaces ``group_by_length``. The seed trainer's own fields are left out.
 
+        Length grouping (``group_by_length``) needs a length per utterance, which transformers
+        cannot infer from audio (it looks for ``input_ids``): it is turned on only with
+        ``length_column``, a dataset column of lengths (samples or seconds;
+        :func:`asrfit.train.hf.add_length_column` adds one), and is off otherwise (logged).
+
         Args:
             memory_budget_sampler: Whether asrfit's sampler forms the batches. (Default: False)
+            length_column: The training dataset's column of utterance lengths, for
+                length-grouped batches. (Default: none: batches are not grouped)
 
         Returns:
             The keyword arguments.
@@ -343,6 +352,15 @@ class TrainingConfig(JsonDataclass):
         if "remove_unused_columns" in names:
             kwargs["remove_unused_columns"] = False
         group_by_length = self.group_by_length and not memory_budget_sampler
+        if group_by_length and length_column is None:
+            logger.info(
+                "batches are not grouped by length: transformers cannot infer the length of an "
+                "audio sample; pass length_column= with a column of lengths "
+                "(asrfit.train.hf.add_length_column adds one) to group them."
+            )
+            group_by_length = False
+        if group_by_length and "length_column_name" in names:
+            kwargs["length_column_name"] = length_column
         if self.checkpoint_layers:
             logger.warning(
                 "checkpoint_layers=%d has no TrainingArguments name: every layer is "

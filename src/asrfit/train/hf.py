@@ -67,6 +67,41 @@ def prepare_audio_dataset(dataset: Any, audio_column: str = "audio") -> Any:
     return dataset
 
 
+def add_length_column(
+    dataset: Any, audio_column: str = "audio", name: str = "input_length"
+) -> Any:
+    """The dataset with a column of utterance lengths in seconds, for the Trainer's
+    length-grouped batches (``TrainingConfig.to_training_arguments(length_column=name)``).
+
+    Lengths come from a ``duration`` column when there is one, else from each audio file's
+    header (``soundfile.info``: nothing is decoded), or from a decoded array's length.
+
+    Raises:
+        ConfigError: When the audio column is missing, or an audio cell cannot be read
+            (naming the row).
+    """
+    if "duration" in dataset.column_names:
+        seconds = [float(d) for d in dataset["duration"]]
+    else:
+        cells = prepare_audio_dataset(dataset, audio_column)[audio_column]
+        seconds = [_seconds(cell, row) for row, cell in enumerate(cells)]
+    if name in dataset.column_names:
+        dataset = dataset.remove_columns(name)
+    return dataset.add_column(name, seconds)
+
+
+def _seconds(cell: Any, row: int) -> float:
+    """One audio cell's length in seconds (header only for files and bytes)."""
+    if isinstance(cell, dict) and cell.get("array") is not None:
+        return len(cell["array"]) / float(cell["sampling_rate"])
+    source = (cell.get("bytes") or cell.get("path")) if isinstance(cell, dict) else cell
+    try:
+        info = sf.info(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source)
+    except (sf.LibsndfileError, RuntimeError, TypeError, OSError) as err:
+        raise ConfigError(f"audio of row {row} ({str(source)[:80]!r}) cannot be read: {err}") from err
+    return info.frames / float(info.samplerate)
+
+
 def decode_audio(value: Any, sample_rate: int) -> np.ndarray:
     """Decode one audio cell (``{"path", "bytes"}``, ``{"array", "sampling_rate"}`` or a path).
 
