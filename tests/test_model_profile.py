@@ -435,3 +435,18 @@ def test_build_model_takes_a_dtype_or_its_name(dtype, expected):
 def test_build_model_names_a_dtype_name_that_is_none():
     with pytest.raises(ConfigError, match="'float33'"):
         build_model("conformer-ctc-tiny", dtype="float33")
+
+
+def test_a_whisper_step_longer_than_its_window_is_counted_for_the_window(monkeypatch, tmp_path) -> None:
+    from asrfit.memory.report import simulate
+    from asrfit.profiles.model import ModelProfile
+
+    monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path))
+    window = ModelProfile.from_spec(tiny_whisper()).max_input_seconds
+    assert window is not None
+    longer = simulate(tiny_whisper(), batch_size=2, seconds=3 * window, gpu="T4")
+    exact = simulate(tiny_whisper(), batch_size=2, seconds=window, gpu="T4")
+    # one input holds one window of audio: the same step, timed and counted for the window
+    assert longer.batch == exact.batch and longer.audio_seconds == exact.audio_seconds == window
+    assert longer.audio_seconds_per_second == pytest.approx(exact.audio_seconds_per_second)
+    assert "input window" in longer.notes[0] and not any("input window" in n for n in exact.notes)

@@ -184,8 +184,17 @@ def simulate(
     if on_cpu:
         target, gpu = "cpu", None
     adapter, profile = resolve_adapter(model, freeze_feature_encoder=setup.freeze_feature_encoder)
+    window_note = None
     if profile is not None:
         batch = batch_for_seconds(profile, batch_size, seconds, label_length)
+        window = profile.max_input_seconds
+        if window and seconds > window:  # an utterance is at most one window of audio
+            window_note = (
+                f"{seconds:g} s is longer than {adapter.name}'s {window:g} s input window: one "
+                f"input holds {window:g} s (training chunks longer audio, or filters it), so "
+                f"the step is timed and counted for {window:g} s per utterance"
+            )
+            seconds = float(window)
     else:
         batch = BatchShape(
             batch_size,
@@ -207,6 +216,8 @@ def simulate(
         sharded_peak, segments, architecture=arch, expandable_segments=expandable_segments
     )
     notes = [*explain_peak(breakdown, step.peak_phase), *notes, *step.assumptions]
+    if window_note is not None:
+        notes.insert(0, window_note)
     usable = fits = None
     name = None
     if hardware is not None:
