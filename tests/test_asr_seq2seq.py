@@ -357,3 +357,18 @@ def test_cli_trains_a_tiny_whisper_for_an_epoch(corpus, tmp_path) -> None:
     assert len(report["epochs"]) == 1 and report["epochs"][0]["dev"] is not None
     assert report["test"] is not None and report["test"]["cer"] >= 0.0
     assert (out / "best" / "config.json").is_file() and (out / "best" / "vocab.json").is_file()
+    # the folder reloads through Hugging Face with a decoder's tokenizer: repeats kept (CTC's
+    # merging would write "kate bobas"), and the ASR pipeline runs on it
+    from transformers import AutoProcessor, pipeline
+
+    processor = AutoProcessor.from_pretrained(out / "best", trust_remote_code=True)
+    assert type(processor.tokenizer).__name__ == "CharSeq2SeqTokenizer"
+    ids = processor.tokenizer("katte bobbas").input_ids
+    assert processor.batch_decode([ids + [len(processor.tokenizer)]])[0] == "katte bobbas"  # end of text dropped
+    row = json.loads((corpus / "dev.jsonl").read_text().splitlines()[0])
+    import soundfile as sf
+
+    wav, rate = sf.read(corpus / row["audio_filepath"], dtype="float32")
+    asr = pipeline("automatic-speech-recognition", model=str(out / "best"), trust_remote_code=True)
+    text = asr({"raw": wav, "sampling_rate": rate}, generate_kwargs={"max_new_tokens": 20})["text"]
+    assert isinstance(text, str) and set(text) <= set(processor.tokenizer.get_vocab()) | {" "}

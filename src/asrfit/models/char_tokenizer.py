@@ -61,4 +61,60 @@ class CharCTCTokenizer(Wav2Vec2CTCTokenizer):
         return _SPACES.sub(" ", "".join(chars)).strip()
 
 
-__all__ = ["CharCTCTokenizer"]
+class CharSeq2SeqTokenizer(CharCTCTokenizer):
+    """The character vocabulary for an encoder-decoder (Whisper) trained on it with asrfit.
+
+    Every generated id is one character: repeats are kept (no CTC merging); the end-of-text
+    and decoder-start ids, which lie past the vocabulary (``vocab_size = len(vocab) + 2``), and
+    the special tokens are dropped. :meth:`_decode_asr` is what the ASR pipeline calls for a
+    Whisper model (``WhisperTokenizer`` has it): the text of each chunk, joined.
+    """
+
+    def _decode(
+        self,
+        token_ids: Any,
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool | None = None,
+        group_tokens: bool = True,
+        spaces_between_special_tokens: bool = False,
+        output_word_offsets: bool | None = False,
+        output_char_offsets: bool | None = False,
+        **kwargs: Any,
+    ) -> Any:
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        ids = [int(i) for i in token_ids if 0 <= int(i) < self.vocab_size]
+        return super()._decode(
+            ids,
+            skip_special_tokens,
+            clean_up_tokenization_spaces,
+            False,  # a decoder emits each character once: nothing to merge
+            spaces_between_special_tokens,
+            output_word_offsets,
+            output_char_offsets,
+            **kwargs,
+        )
+
+    def _decode_asr(
+        self,
+        model_outputs: list[dict[str, Any]],
+        *,
+        return_timestamps: Any = None,
+        return_language: Any = None,
+        time_precision: Any = None,
+        **kwargs: Any,
+    ) -> tuple[str, dict[str, Any]]:
+        if return_timestamps:
+            raise ValueError(
+                "this model was trained on characters, without Whisper's timestamp tokens: "
+                "call the pipeline without return_timestamps."
+            )
+        texts = []
+        for output in model_outputs:
+            tokens = output["tokens"]
+            ids = tokens.reshape(-1).tolist() if hasattr(tokens, "reshape") else list(tokens)
+            texts.append(self.decode(ids))
+        return " ".join(t for t in texts if t), {}
+
+
+__all__ = ["CharCTCTokenizer", "CharSeq2SeqTokenizer"]

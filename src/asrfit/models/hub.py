@@ -61,6 +61,14 @@ TOKENIZER_AUTO_MAPS: dict[str, dict[str, Any]] = {
     },
     "preprocessor_config.json": {"processor_class": "Wav2Vec2Processor"},
 }
+# The same for Whisper trained on the character vocabulary: the decoder's tokenizer, in
+# Whisper's processor (its feature extractor is Whisper's own).
+SEQ2SEQ_TOKENIZER_AUTO_MAPS: dict[str, dict[str, Any]] = {
+    "tokenizer_config.json": {
+        "auto_map": {"AutoTokenizer": ["tokenization_asrfit_ctc.CharSeq2SeqTokenizer", None]}
+    },
+    "preprocessor_config.json": {"processor_class": "WhisperProcessor"},
+}
 AUTO_MAPS: dict[str, dict[str, Any]] = {
     "config.json": {
         "auto_map": {
@@ -167,10 +175,12 @@ def write_remote_code(folder: Pathlike) -> list[Path]:
     return _write(out, REMOTE_FILES, AUTO_MAPS)
 
 
-def write_tokenizer_code(folder: Pathlike) -> list[Path]:
+def write_tokenizer_code(folder: Pathlike, seq2seq: bool = False) -> list[Path]:
     """Copy asrfit's character CTC tokenizer into ``folder`` (which holds a
     ``tokenizer_config.json`` written by :meth:`~asrfit.data.text.CharVocabulary.save` and the
-    model's ``preprocessor_config.json``) and point its ``auto_map`` at it.
+    model's ``preprocessor_config.json``) and point its ``auto_map`` at it; with ``seq2seq``
+    (a Whisper model trained on the characters) at its encoder-decoder variant, in Whisper's
+    processor.
 
     Returns:
         The files written.
@@ -179,13 +189,15 @@ def write_tokenizer_code(folder: Pathlike) -> list[Path]:
         ConfigError: When one of the two config files is missing.
     """
     out = Path(folder)
-    _require(out, list(TOKENIZER_AUTO_MAPS))
-    return _write(out, TOKENIZER_FILES, TOKENIZER_AUTO_MAPS)
+    maps = SEQ2SEQ_TOKENIZER_AUTO_MAPS if seq2seq else TOKENIZER_AUTO_MAPS
+    _require(out, list(maps))
+    return _write(out, TOKENIZER_FILES, maps)
 
 
 __all__ = [
     "AUTO_MAPS",
     "REMOTE_FILES",
+    "SEQ2SEQ_TOKENIZER_AUTO_MAPS",
     "TOKENIZER_AUTO_MAPS",
     "TOKENIZER_FILES",
     "relative_source",

@@ -71,7 +71,8 @@ def save_best(model: Any, vocab: Any, plan: Any, out: Path, scores: dict[str, An
     ``vocab`` its text codec. The built-in Conformer's folder also gets the model's code
     (:func:`~asrfit.models.hub.write_remote_code`), so it loads without asrfit; another CTC
     model with the character vocabulary gets the tokenizer's (``write_tokenizer_code``), so
-    the ASR pipeline decodes as asrfit does."""
+    the ASR pipeline decodes as asrfit does, and so does a Whisper trained on the characters
+    (the encoder-decoder variant: no merging of repeats)."""
     tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     model.model.save_pretrained(tmp)
@@ -81,6 +82,8 @@ def save_best(model: Any, vocab: Any, plan: Any, out: Path, scores: dict[str, An
         write_remote_code(tmp)
     elif model.is_ctc and isinstance(vocab, CharVocabulary):
         write_tokenizer_code(tmp)
+    elif model.family == "whisper" and isinstance(vocab, CharVocabulary):
+        write_tokenizer_code(tmp, seq2seq=True)  # decodes without CTC's merging
     plan.save(tmp / "plan.json")
     atomic_write_text(tmp / "scores.json", json.dumps(scores))
     if out.exists():
