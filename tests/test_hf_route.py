@@ -75,12 +75,16 @@ def test_the_plain_trainer_route_trains(tmp_path, one_thread, grouped):
         assert ds["input_length"] == pytest.approx([d for d in example_durations(ds)], abs=1e-3)
     kwargs = config.to_training_arguments(length_column="input_length" if grouped else None)
     assert ("length_column_name" in kwargs) is grouped
-    kwargs.update(optim="adamw_torch", max_steps=2, save_strategy="no", report_to="none", use_cpu=True)
+    kwargs.update(
+        optim="adamw_torch", max_steps=2, save_strategy="no", report_to="none", use_cpu=True
+    )
     trainer = Trainer(
         model=model,
         args=TrainingArguments(output_dir=str(tmp_path / "out"), **kwargs),
         train_dataset=prepare_audio_dataset(ds),
-        data_collator=SpeechCollator(Wav2Vec2FeatureExtractor(return_attention_mask=True), tokenizer),
+        data_collator=SpeechCollator(
+            Wav2Vec2FeatureExtractor(return_attention_mask=True), tokenizer
+        ),
     )
     assert math.isfinite(trainer.train().training_loss)
 

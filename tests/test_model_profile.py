@@ -437,7 +437,9 @@ def test_build_model_names_a_dtype_name_that_is_none():
         build_model("conformer-ctc-tiny", dtype="float33")
 
 
-def test_a_whisper_step_longer_than_its_window_is_counted_for_the_window(monkeypatch, tmp_path) -> None:
+def test_a_whisper_step_longer_than_its_window_is_counted_for_the_window(
+    monkeypatch, tmp_path
+) -> None:
     from asrfit.memory.report import simulate
     from asrfit.profiles.model import ModelProfile
 

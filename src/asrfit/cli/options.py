@@ -15,6 +15,7 @@ from asrfit.errors import AsrfitError
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "pure_bf16")
 OPTIMIZERS = ("adamw", "adamw8bit", "adafactor", "sgd")
 
+
 class FiniteFloatRange(click.FloatRange):
     """A ``click.FloatRange`` that also refuses ``nan`` and ``inf`` (a range check is false
     for NaN, so click lets it through to the arithmetic that needs a number)."""

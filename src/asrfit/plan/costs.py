@@ -263,8 +263,8 @@ class CostEstimator:
         if workers < 2:
             return
         if not self._traced_here:
-            # the first trace imports the model's code (5-6 s for transformers on a 2-core
-            # host) and warms the fake-tensor caches: here, once, for the workers to share
+            # the first trace imports the tracing code (and the model's, where nothing has
+            # built it yet) and warms the fake-tensor caches: here, once, for workers to share
             key = next(iter(todo))
             self._ready[key] = self._trace(*todo.pop(key))
         from asrfit.memory.depth import learn_whole_cheaper, whole_cheaper

@@ -3,13 +3,13 @@
 A cold plan is a few dozen fake-tensor traces, each one core's Python for 0.3-3 s, and
 within a phase they do not depend on each other: the coarse shapes of every setup and the
 optimizer states (screening), a fit's refinement shapes, the label pairs. :func:`map_forked`
-runs such a phase on several cores. The parent forks after the model's code is imported (a
-child shares it copy-on-write: no second import of torch and transformers, which alone take
-5-6 s on a 2-core host), each child runs its share of the jobs and writes each result as a
-JSON file into a private temporary folder, the parent runs its own share meanwhile and then
-reads the children's files. A child that fails or dies leaves no file: the job's result is
-``None`` and the caller computes it itself, so any error surfaces in the parent exactly as
-it would without workers.
+runs such a phase on several cores. The planner forks once its first trace has imported the
+model's and the tracing code (a child shares them copy-on-write: no second import of torch
+and transformers, which alone take 5-6 s on a 2-core host); every process, the parent
+included, takes the next job from a queue, and each child writes each result as a JSON file
+into a private temporary folder, which the parent reads at the end. A child that fails or
+dies leaves no file: the job's result is ``None`` and the caller computes it itself, so any
+error surfaces in the parent exactly as it would without workers.
 
 Workers: ``$ASRFIT_TRACE_WORKERS`` if set (1: none), else the CPUs this process may run on,
 at most :data:`MAX_TRACE_WORKERS` (each trace holds a model's fake tensors and the trace's
@@ -39,6 +39,10 @@ T = TypeVar("T")
 
 #: Default ceiling on trace workers (each one a process with its own trace in memory).
 MAX_TRACE_WORKERS = 4
+
+# Job numbers the queue holds: all are written before any reader starts, so they must fit in
+# a pipe's buffer (64 KiB on Linux, 4 bytes each); a plan's phase has a few dozen.
+_MAX_QUEUED = 16_000
 
 
 def trace_workers() -> int:
@@ -91,7 +95,7 @@ def map_forked(
     """
     workers = max(1, min(workers, len(jobs)))
     results: list[T | None] = [None] * len(jobs)
-    if workers == 1:
+    if workers == 1 or len(jobs) > _MAX_QUEUED:
         return [job() for job in jobs]
     with tempfile.TemporaryDirectory(prefix="asrfit-traces-") as tmp:
         folder = Path(tmp)
@@ -161,7 +165,7 @@ def _run_child(
             os.replace(partial, path)  # the parent reads whole files only
     except BaseException as err:  # noqa: BLE001 - the parent recomputes and raises it there
         logger.info(
-            "trace worker %d stopped (%s: %s); the plan traces the rest itself",
+            "trace worker %d stopped (%s: %s); the planning process traces that simulation itself",
             os.getpid(),
             type(err).__name__,
             err,

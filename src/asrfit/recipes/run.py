@@ -89,7 +89,7 @@ def _check_resumed_model(cfg: RunConfig, out: Path) -> None:
     except (OSError, ValueError):
         return  # unreadable: the checkpoint itself will say whether it fits
     for name, flag in (("model", "--model"), ("model_overrides", "--set")):
-        before, now = saved.get(name), getattr(cfg, name)
+        before, now = saved.get(name), json.loads(json.dumps(getattr(cfg, name)))  # as saved
         if name == "model_overrides":
             before, now = before or {}, now or {}
         if before != now:
