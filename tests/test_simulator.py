@@ -312,3 +312,37 @@ def test_the_optimizer_step_alone_is_the_full_steps_optimizer_phase(
         phases = ("optimizer", "zero_grad")
         assert alone.cost.select(phases).rows == full.cost.select(phases).rows
         assert "forward" not in alone.phase_peaks_bytes and alone.flops == 0
+
+
+V, E = 4096, 64  # a tied vocabulary matrix large enough to hold most of the model
+
+
+def _tied_adapter() -> StepAdapter:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(V, E)
+            self.mix = nn.Linear(E, E)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            hidden = torch.tanh(self.mix(self.embed(tokens)))
+            return hidden @ self.embed.weight.t()  # the head shares the embedding (Whisper)
+
+    def make_inputs(shape: BatchShape, tracker: object) -> dict[str, torch.Tensor]:
+        return {"tokens": torch.randint(0, V, (shape.batch_size, shape.input_length))}
+
+    def loss(model: nn.Module, kw: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(kw["tokens"]).float().logsumexp(-1).sum()
+
+    return StepAdapter("tied", Tied, make_inputs, loss)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_tied_weights_gradient_is_one_storage_in_the_breakdown(optimizer: str) -> None:
+    # its two contributions are summed in place (asrfit.memory.engine): one storage, which is
+    # the gradient; the breakdown must neither go negative nor count it twice
+    r = simulate_step(_tied_adapter(), BatchShape(8, 32, 1), Setup(optimizer=optimizer), target="cpu")
+    params = (V * E + E * E + E) * 4
+    assert all(v >= 0 for v in r.breakdown_bytes.values()), r.breakdown_bytes
+    assert r.breakdown_bytes["gradients"] <= params + 3 * 512
+    assert sum(r.breakdown_bytes.values()) == r.peak_bytes

@@ -143,6 +143,7 @@ def _merge(log: Any, candidates: list[tuple[int, int | None, int | None, int]]) 
             if log.blocks[out_key].tag is None:
                 log.blocks[out_key].tag = log.blocks[operand].tag
             replace[index] = (operand, out_key)
+            log.merged[out_key] = operand
             merged += 1
             break
     if drop:

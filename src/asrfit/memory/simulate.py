@@ -105,19 +105,29 @@ def _live_at(tracker: StorageTracker, at: int) -> tuple[dict[str, int], list[int
     # Count each block's events up to the instant exactly as the running sum of _analyse does
     # (the in-place accumulation rewrite of asrfit.memory.engine may move a free before its
     # block's allocation), so that the breakdown adds up to the live bytes.
+    # A rewrite's two blocks are one storage (TraceLog.merged): counted together, in the
+    # category of what the storage became (a tied weight's first gradient contribution is the
+    # gradient once the second is added into it), so that no category goes negative where the
+    # later block's free was counted and the earlier block's was dropped.
+    merged = tracker.log.merged
+
+    def storage(key: int) -> int:
+        while key in merged:
+            key = merged[key]
+        return key
+
     counts: dict[int, int] = {}
     for key, sign in tracker.log.events[: at + 1]:
-        counts[key] = counts.get(key, 0) + sign
+        counts[storage(key)] = counts.get(storage(key), 0) + sign
+    became = {storage(key): key for key in sorted(merged)}  # the latest block of each storage
     breakdown = dict.fromkeys(CATEGORIES, 0)
     live: Counter[int] = Counter()
     for key, n in counts.items():
         b = blocks[key]
         if n and b.tag != "host":
-            breakdown[_category(b)] += n * round_block(b.nbytes)
+            breakdown[_category(blocks[became.get(key, key)])] += n * round_block(b.nbytes)
             live[round_block(b.nbytes)] += n
-    # A block whose free the rewrite moved before its allocation counts -1 here: it stands
-    # for a live block of its size that the accumulation wrote into, so the two cancel and
-    # the sizes add up to the running sum, as the breakdown does.
+    # The sizes add up to the running sum, as the breakdown does (a storage counted once).
     sizes = [size for size, n in sorted(live.items()) for _ in range(max(n, 0))]
     return breakdown, sizes
 

@@ -88,6 +88,9 @@ class TraceLog:
 
     blocks: dict[int, Block] = field(default_factory=dict)
     events: list[tuple[int, int]] = field(default_factory=list)
+    # block -> the block whose storage it took over when an out-of-place op was rewritten as
+    # in place (asrfit.memory.engine): one storage, whose events the two blocks share
+    merged: dict[int, int] = field(default_factory=dict)
 
 
 def _shadowable(t: torch.Tensor) -> bool:
