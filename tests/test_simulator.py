@@ -341,7 +341,9 @@ def _tied_adapter() -> StepAdapter:
 def test_a_tied_weights_gradient_is_one_storage_in_the_breakdown(optimizer: str) -> None:
     # its two contributions are summed in place (asrfit.memory.engine): one storage, which is
     # the gradient; the breakdown must neither go negative nor count it twice
-    r = simulate_step(_tied_adapter(), BatchShape(8, 32, 1), Setup(optimizer=optimizer), target="cpu")
+    r = simulate_step(
+        _tied_adapter(), BatchShape(8, 32, 1), Setup(optimizer=optimizer), target="cpu"
+    )
     params = (V * E + E * E + E) * 4
     assert all(v >= 0 for v in r.breakdown_bytes.values()), r.breakdown_bytes
     assert r.breakdown_bytes["gradients"] <= params + 3 * 512
