@@ -136,3 +136,33 @@ def test_resuming_with_another_model_is_refused_by_name(corpus, tmp_path) -> Non
     same = RunConfig.from_dict({**cfg.to_dict(), "model": "conformer-ctc-tiny", "model_overrides": {"d_model": 48}})
     with pytest.raises(ConfigError, match=r"--set \{\}.*'d_model': 48"):
         train_asr(same)
+
+
+@pytest.mark.slow
+def test_a_plan_of_the_manifest_as_given_trains_its_long_audio(corpus, tmp_path) -> None:
+    # `asrfit plan` profiles the manifest as given (a 61 s talk among 3 s clips); the run
+    # validates and chunks it (train.clean.jsonl): the plan is still the one for this data,
+    # and its buckets hold the talk's pieces, so nothing is dropped
+    import numpy as np
+    import soundfile as sf
+
+    from asrfit.plan.search import plan
+    from asrfit.profiles.dataset import DatasetProfile
+    from asrfit.profiles.hardware import HardwareProfile
+
+    rows = [json.loads(line) for line in (corpus / "train.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["audio_filepath"] = str(corpus / row["audio_filepath"])
+    talk = tmp_path / "talk.wav"
+    sf.write(talk, 0.01 * np.random.default_rng(0).standard_normal(61 * 16000), 16000)
+    rows.append({"audio_filepath": str(talk), "duration": 61.0, "text": rows[0]["text"] * 10})
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hardware = HardwareProfile.resolve("auto")
+    saved = plan(hardware, DatasetProfile.from_source(str(manifest)), "conformer-ctc-tiny",
+                 target_effective_batch=8).save(tmp_path / "plan.json")
+    report = train_asr(RunConfig(
+        model="conformer-ctc-tiny", train=str(manifest), out_dir=str(tmp_path / "run"), plan=str(saved),
+        target_batch=8, max_steps=2, random_init=True, tensorboard=False, gpu="auto",
+    ))
+    assert not any("not_batched" in reason for reason in report.skipped), report.skipped

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from transformers import Wav2Vec2Config
@@ -252,3 +253,49 @@ def test_plan_names_the_utterances_train_will_skip(
     # wav2vec2 with two strided convs (5 x 4) on 16 kHz audio: 800 encoder frames per second.
     assert len(dense) == 1 and "utterance 42" in dense[0] and "46,500" in dense[0]
     assert "800 encoder frames" in dense[0]
+
+
+@pytest.mark.parametrize("seconds", [31.0, 45.0, 59.99, 60.0, 61.0, 95.0, 300.0])
+def test_chunk_lengths_are_the_chunkers(seconds: float) -> None:
+    # reference: asrfit.data.audio.chunk_bounds on real (noise) audio at 16 kHz
+    from asrfit.data.audio import chunk_bounds
+    from asrfit.plan.long_audio import chunk_seconds
+
+    rate, limit = 16000, 30.0
+    audio = np.random.default_rng(0).standard_normal(round(seconds * rate)).astype(np.float32)
+    spans = chunk_bounds(audio, rate, limit)
+    pieces = chunk_seconds(seconds, limit)
+    assert len(pieces) == len(spans)
+    # each real piece (its cuts moved to quiet points) fits the planned length, by at most
+    # the two cuts' moves (0.5 s each)
+    assert all(0 <= p - (e - s) / rate <= 2.0 for (s, e), p in zip(spans, pieces, strict=True))
+    assert max(pieces) <= limit
+
+
+def test_chunked_long_audio_gets_a_bucket_and_outlier_label_rates_are_left_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # 20 short clips, one 60 s talk (chunked at the 30 s floor of the long-audio rule) and a
+    # 0.1 s clip with a long transcript (more labels than encoder frames: training skips it);
+    # planned for this CPU as `asrfit plan --gpu auto` does here (the case that lost the talk)
+    rows = [
+        {"audio_filepath": f"{i}.wav", "duration": 2.2 + 0.08 * i, "text": "hello world"}
+        for i in range(20)
+    ]
+    rows.append({"audio_filepath": "talk.wav", "duration": 60.0, "text": "hello world " * 20})
+    rows.append({"audio_filepath": "clip.wav", "duration": 0.1, "text": "abc " * 40})
+    dataset = DatasetProfile.from_manifest(write_manifest(tmp_path / "train.jsonl", rows))
+    monkeypatch.setattr("asrfit.profiles.hardware.detect_devices", lambda: [])
+    p = plan(HardwareProfile.detect(), dataset, "conformer-ctc-tiny", target_effective_batch=4)
+    assert p.data.max_seconds == 30.0
+    # the talk's pieces, as the real chunker cuts them (noise audio), fit the longest bucket:
+    # the sampler batches every one of them
+    from asrfit.data.audio import chunk_bounds
+    from asrfit.data.sampler import MemoryBudgetSampler
+
+    talk = np.random.default_rng(0).standard_normal(60 * 16000).astype(np.float32)
+    pieces = [(e - s) / 16000 for s, e in chunk_bounds(talk, 16000, p.data.max_seconds)]
+    sampler = MemoryBudgetSampler([2.0, *pieces], p)
+    assert sorted(i for batch in sampler for i in batch) == list(range(1 + len(pieces)))
+    # labels per second from the clips CTC can align (the 0.1 s clip's 1,600/s left out)
+    assert p.buckets[-1].max_label_length <= 30.0 * 25  # the Conformer's 25 frames/s

@@ -52,3 +52,41 @@ def long_audio_cap_from_profile(p90_seconds: float, longest_seconds: float) -> t
         f"utterances up to {longest_seconds:.1f} s are above max({LONG_AUDIO_FLOOR_SECONDS:g} s, "
         f"3 x p90 {p90_seconds:.1f} s) = {cap:.1f} s: they are chunked (or filtered) to {cap:.1f} s"
     )
+
+
+# asrfit.data.audio.chunk_bounds moves each cut up to half the slack (at most 0.5 s) to the
+# quietest 20 ms; with less than that slack it makes one piece more
+_CUT_SEARCH_SECONDS, _CUT_WINDOW_SECONDS = 0.5, 0.02
+
+
+def chunk_seconds(seconds: float, max_seconds: float) -> list[float]:
+    """The pieces training cuts ``seconds`` of audio into at a ``max_seconds`` limit, each
+    as long as it can come out: :func:`asrfit.data.audio.chunk_bounds` cuts equal pieces,
+    then moves each cut up to ``search`` seconds to a quiet point, so a piece may grow by
+    twice that (never past the limit). A bucket that holds these holds every real piece."""
+    if seconds <= max_seconds:
+        return [seconds]
+    pieces = math.ceil(seconds / max_seconds)
+    search = min(_CUT_SEARCH_SECONDS, (max_seconds - seconds / pieces) / 2)
+    if search < _CUT_WINDOW_SECONDS:
+        pieces += 1
+        search = min(_CUT_SEARCH_SECONDS, (max_seconds - seconds / pieces) / 2)
+    return [min(max_seconds, seconds / pieces + 2 * search)] * pieces
+
+
+def chunked_sample(
+    durations: np.ndarray, labels: np.ndarray | None, max_seconds: float
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A dataset sample as training sees it when long audio is chunked: each duration above
+    ``max_seconds`` replaced by its pieces (:func:`chunk_seconds`), and its label count, when
+    given (paired with the durations), shared out among them in proportion."""
+    out_d: list[float] = []
+    out_l: list[float] = []
+    for i, d in enumerate(durations):
+        pieces = chunk_seconds(float(d), max_seconds)
+        out_d += pieces
+        if labels is not None:
+            out_l += [math.ceil(float(labels[i]) / len(pieces))] * len(pieces)
+    return np.asarray(out_d, dtype=float), (
+        np.asarray(out_l, dtype=float) if labels is not None else None
+    )

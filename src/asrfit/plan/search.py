@@ -50,7 +50,7 @@ from asrfit.plan.data_side import data_decisions
 from asrfit.plan.explain import shortfall_warning
 from asrfit.plan.fingerprint import fingerprints
 from asrfit.plan.label_buckets import LABEL_PROBE_LOW, LABEL_TRACES, SHORTLIST, choose_across
-from asrfit.plan.long_audio import long_audio_cap_from_profile
+from asrfit.plan.long_audio import chunked_sample, long_audio_cap_from_profile
 from asrfit.plan.margin import applied_margin
 from asrfit.plan.plan import Bucket, DataDecisions, Plan
 from asrfit.plan.precision import check_precision, fit_words
@@ -239,16 +239,15 @@ def plan(
     if profile.max_input_seconds:
         edge_max = min(edge_max, float(profile.max_input_seconds))
     chars = np.asarray(dataset.text_chars_sample or [dataset.text_chars_mean], dtype=float)
-    cps = (
-        float(np.percentile(chars / np.maximum(durations[: chars.size], 1e-3), 95))
-        if chars.size
-        else CHAR_LABELS_PER_SECOND
-    )
     subword = (profile.vocab_size or 0) > 64
+    cps = _chars_per_second(chars, durations, profile.encoder_frames_per_second, subword)
     labels_per_second = cps / CHARS_PER_SUBWORD if subword else cps
     paired = None  # label lengths paired with the sampled durations, for 2-D buckets
     if dataset.text_chars_sample and len(dataset.text_chars_sample) == durations.size:
         paired = np.ceil(chars / CHARS_PER_SUBWORD) if subword else chars
+    if long_utterances == "chunk" and durations.max() > edge_max:
+        # training cuts them into pieces, which the buckets must hold (else the sampler drops them)
+        durations, paired = chunked_sample(durations, paired, edge_max)
     usable, margin_reason = applied_margin(int(hardware.usable_bytes), hardware.safety_margin)
     if hardware.num_gpus == 0:
         usable = max(
@@ -424,6 +423,21 @@ def plan(
         num_nodes=num_nodes,
         fingerprints=fingerprints(hardware, dataset, profile),
     )
+
+
+def _chars_per_second(
+    chars: np.ndarray, durations: np.ndarray, encoder_fps: float | None, subword: bool
+) -> float:
+    """The 95th percentile of the sample's transcript characters per second, of the
+    utterances a model can learn from: one whose labels outnumber the encoder's frames (a
+    mislabelled or truncated clip) is skipped by training, and is left out here too."""
+    if not chars.size:
+        return CHAR_LABELS_PER_SECOND
+    rates = chars / np.maximum(durations[: chars.size], 1e-3)
+    if encoder_fps:
+        feasible = rates[rates <= encoder_fps * (CHARS_PER_SUBWORD if subword else 1.0)]
+        rates = feasible if feasible.size else rates
+    return float(np.percentile(rates, 95))
 
 
 def _accumulation(

@@ -102,12 +102,25 @@ def _check_resumed_model(cfg: RunConfig, out: Path) -> None:
 def _check_loaded_plan(cfg: RunConfig, asr: ASRModel, train_set: SpeechDataset, plan: Any) -> None:
     """Refuse a --plan made for another model, GPU or dataset, unless --force-plan (then log)."""
     from asrfit.memory.report import resolve_adapter
-    from asrfit.plan.fingerprint import check_fingerprints, fingerprints
+    from asrfit.plan.fingerprint import (
+        check_fingerprints,
+        data_fingerprint,
+        fingerprint_mismatches,
+        fingerprints,
+    )
+    from asrfit.profiles.dataset import DatasetProfile
     from asrfit.profiles.hardware import HardwareProfile
 
     _, profile = resolve_adapter(asr.config)
     current = fingerprints(HardwareProfile.resolve(cfg.gpu), _dataset_profile(cfg, train_set), profile)
-    for line in check_fingerprints(plan.fingerprints, current, where=str(cfg.plan), force=cfg.force_plan):
+    saved = plan.fingerprints
+    if "data" in saved and fingerprint_mismatches({"data": saved["data"]}, {"data": current["data"]}):
+        # `asrfit plan` profiles the manifest as given; a run plans on it after validation and
+        # chunking (train.clean.jsonl): either is the data the plan was made for
+        raw = {"data": data_fingerprint(DatasetProfile.from_source(cfg.train))}
+        if not fingerprint_mismatches({"data": saved["data"]}, raw):
+            current["data"] = raw["data"]
+    for line in check_fingerprints(saved, current, where=str(cfg.plan), force=cfg.force_plan):
         logger.warning("--force-plan: %s", line)
 
 
