@@ -83,14 +83,16 @@ def _faults(kind: str, n: int) -> None:
             return result
 
         Path.rename = rename
-    elif kind == "step":
+    elif kind in ("step", "ctrl_c"):  # killed, or Ctrl-C pressed, during the n-th step
         from asrfit.train.step import StepMixin
 
         real_step = StepMixin._step
 
         def step(self, window):
+            if hit() and kind == "ctrl_c":
+                os.kill(os.getpid(), signal.SIGINT)  # the handler lets the step finish
             record = real_step(self, window)
-            if hit():
+            if kind == "step" and count["n"] == n:
                 die()
             return record
 
@@ -135,6 +137,11 @@ def corpus(tmp_path_factory):
 
 
 def _reference(corpus, out, dev: bool):
+    # a first run fills the session's simulation cache, so that the reference plans from it as
+    # every trial does: with glibc's malloc defaults (the tests'), a run that traced its plan
+    # in the training process (a cold cache) ended a few bits apart from one that read it,
+    # with the same plan and RNG states (2026-11-27; not pinned down further)
+    assert _run(_config(corpus, out.with_name(out.name + "-cold"), dev=dev)) == 0
     assert _run(_config(corpus, out, dev=dev)) == 0
     report = json.loads((out / "report.json").read_text())
     steps = report["epochs"][-1]["steps"]
@@ -160,11 +167,13 @@ def _trial(reference, tmp_path, kind: str | None, n: int = 0, kill_after_seconds
     out = tmp_path / "run"
     code = _run(_config(corpus, out, save_every=save_every, dev=dev), kind, n, kill_after_seconds)
     saved_before_resume = sorted(p.name for p in out.rglob("checkpoint-*.pt"))
-    if kind is not None:  # the injected fault was reached
+    if kind == "ctrl_c":  # stopped by the interrupt, after saving the step
+        assert code == 1
+    elif kind is not None:  # the injected fault was reached
         assert code == -signal.SIGKILL
     else:  # a timed kill may come after the end
         assert code in (-signal.SIGKILL, 0)
-    if code == -signal.SIGKILL:
+    if code in (-signal.SIGKILL, 1):
         assert _run(_config(corpus, out, resume=True, save_every=save_every, dev=dev)) == 0
     got_weights, got_best, got_scores = _final(out)
     assert got_weights.keys() == weights.keys()
@@ -215,3 +224,10 @@ def test_kill_minus_nine_trials(reference, reference_every_epoch, tmp_path, kind
         _trial(reference, tmp_path, None, kill_after_seconds=random.Random(n).uniform(0.5, 4.0))
     else:
         _trial(reference, tmp_path, kind, min(n, reference[2] - 1) if kind == "step" else n)
+
+
+def test_ctrl_c_saves_the_step_it_interrupts_and_resumes_exactly(reference, tmp_path):
+    """Ctrl-C during step 3 with the default --save-every (30 min: no checkpoint yet): the
+    step finishes, its checkpoint is written, and --resume reaches the uninterrupted weights."""
+    before = _trial(reference, tmp_path, "ctrl_c", 3)
+    assert before == ["checkpoint-00000003.pt"]

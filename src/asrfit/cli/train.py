@@ -232,8 +232,14 @@ def command(
     # epoch lines (dev WER/CER) show without --verbose; the display shows the steps
     for name in ("asrfit.recipes.run", "asrfit.data.validate", "asrfit.train.guards"):
         logging.getLogger(name).setLevel(logging.INFO)
+    from asrfit.train.interrupt import TrainingInterrupted
+
     try:
         report = train_asr(cfg, listeners=[display])
+    except TrainingInterrupted as stop:  # Ctrl-C: the step was kept; say how to go on
+        display.on_train_end()
+        click.echo(f"{out_dir}: {stop}", err=True)
+        raise SystemExit(130) from None
     finally:
         display.on_train_end()
     if as_json:

@@ -16,8 +16,8 @@ Around that: mixed precision (from the plan's setup, else the config), gradient 
 linear warm-up then linear decay schedule, gradient checkpointing, out-of-memory recovery
 (:mod:`asrfit.train.oom`), the memory monitor (:mod:`asrfit.train.monitor`), a pre-flight
 run of the most memory-hungry batches (:mod:`asrfit.train.preflight`) and exact resume
-(:mod:`asrfit.train.checkpoint`). With a plan whose ZeRO stage is above 0 the model runs
-under DeepSpeed through ``accelerate.DeepSpeedPlugin`` (not tested here: DeepSpeed counts
+(:mod:`asrfit.train.checkpoint`; also at Ctrl-C, :mod:`asrfit.train.interrupt`). ZeRO plans
+run under DeepSpeed through ``accelerate.DeepSpeedPlugin`` (not tested here: DeepSpeed counts
 micro-batches itself, which a variable number per step may not suit).
 """
 
@@ -59,10 +59,8 @@ from asrfit.train.components import (
 )
 from asrfit.train.guards import MicroBatchLimits, NonFiniteGuard
 from asrfit.train.host_allocator import keep_freed_host_memory
-from asrfit.train.oom import (
-    BucketOOMCounter,
-    OOMEvent,
-)
+from asrfit.train.interrupt import InterruptRequest, TrainingInterrupted
+from asrfit.train.oom import BucketOOMCounter, OOMEvent
 from asrfit.train.preflight import PreflightResult, preflight_trainer
 from asrfit.train.step import StepMixin, set_dataset_epoch
 from asrfit.utils.io import Pathlike
@@ -195,6 +193,7 @@ class MemoryEfficientTrainer(StepMixin):
         self.global_step, self.epoch, self.batches_in_epoch = 0, 0, 0
         self.history: list[StepRecord] = []
         self.oom_events: list[OOMEvent] = []
+        self.interrupts = InterruptRequest()  # Ctrl-C: checkpoint after the step, then stop
         self.preflight_results: list[PreflightResult] = []
         self.info = DataInfo()
         self._sampler_cache: dict[int, tuple[Any, DataInfo]] = {}
@@ -351,7 +350,8 @@ class MemoryEfficientTrainer(StepMixin):
                 resume = ckpt.resume_trainer(self, resume_from, sampler)
             elif self.global_step == 0 and self.preflight_enabled and sampler is not None:
                 self.preflight()
-            return self._loop(data, sampler, epochs, total, resume)
+            with self.interrupts.installed(self.out_dir is not None, self.accelerator.num_processes):
+                return self._loop(data, sampler, epochs, total, resume)
         except BaseException:
             self.clear_gradients()  # a failed run leaves nothing for the next step to add to
             raise
@@ -446,6 +446,8 @@ class MemoryEfficientTrainer(StepMixin):
                 report.update(record, memory=self._last_memory)
                 if ckpt.save_due(self):
                     self.save_checkpoint()
+                if self.interrupts.requested:  # Ctrl-C: this step kept, then stop
+                    raise TrainingInterrupted(self.global_step, self.save_checkpoint())
                 if total is not None and self.global_step >= total:
                     done = True
                     break
