@@ -70,30 +70,15 @@ class CharSeq2SeqTokenizer(CharCTCTokenizer):
     Whisper model (``WhisperTokenizer`` has it): the text of each chunk, joined.
     """
 
-    def _decode(
-        self,
-        token_ids: Any,
-        skip_special_tokens: bool = False,
-        clean_up_tokenization_spaces: bool | None = None,
-        group_tokens: bool = True,
-        spaces_between_special_tokens: bool = False,
-        output_word_offsets: bool | None = False,
-        output_char_offsets: bool | None = False,
-        **kwargs: Any,
-    ) -> Any:
+    def _decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(token_ids, int):
             token_ids = [token_ids]
         ids = [int(i) for i in token_ids if 0 <= int(i) < self.vocab_size]
-        return super()._decode(
-            ids,
-            skip_special_tokens,
-            clean_up_tokenization_spaces,
-            False,  # a decoder emits each character once: nothing to merge
-            spaces_between_special_tokens,
-            output_word_offsets,
-            output_char_offsets,
-            **kwargs,
-        )
+        if len(args) >= 3:  # group_tokens given by position (transformers passes keywords)
+            args = (*args[:2], False, *args[3:])
+        else:
+            kwargs["group_tokens"] = False  # a decoder emits each character once: no merging
+        return super()._decode(ids, *args, **kwargs)
 
     def _decode_asr(
         self,
