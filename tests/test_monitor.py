@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import json
 import logging
+import mmap
 import os
 import sys
 import types
@@ -98,8 +99,12 @@ def test_cpu_rss_matches_proc_and_step_peak_sees_a_freed_block() -> None:
         pytest.skip("this kernel does not let the process reset VmHWM, or does not keep the mark")
     monitor.start_step()
     start_bytes = vm_rss_bytes()
-    block = b"\x01" * (64 * 2**20)  # every page written, so every page is resident
-    del block
+    # fresh pages from the kernel, every one written (resident), then unmapped: a malloc'd block
+    # may instead reuse resident pages that earlier tests freed in the heap, and not move RSS
+    block = mmap.mmap(-1, 64 * 2**20)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
+    block.close()
     record = monitor.end_step(1, bucket=None, predicted_bytes=None, batch_size=1)
     assert record["peak_reserved_bytes"] - start_bytes >= 60 * 2**20
     assert record["reserved_bytes"] < record["peak_reserved_bytes"] - 32 * 2**20
