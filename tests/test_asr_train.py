@@ -166,3 +166,42 @@ def test_a_plan_of_the_manifest_as_given_trains_its_long_audio(corpus, tmp_path)
         target_batch=8, max_steps=2, random_init=True, tensorboard=False, gpu="auto",
     ))
     assert not any("not_batched" in reason for reason in report.skipped), report.skipped
+
+
+@pytest.mark.slow
+def test_utterances_the_plan_cannot_batch_are_listed_and_counted(corpus, tmp_path) -> None:
+    # a plan whose buckets end at 3 s but which chunks only above 20 s (as CLI plans of long
+    # audio were before their chunks got buckets), forced onto data with a 10 s clip: the
+    # sampler cannot batch it, so it is a skip like any other (skipped.jsonl, --max-skipped)
+    import numpy as np
+    import soundfile as sf
+
+    from asrfit.errors import ConfigError
+    from asrfit.plan.search import plan
+    from asrfit.profiles.dataset import DatasetProfile
+    from asrfit.profiles.hardware import HardwareProfile
+
+    short = tmp_path / "short.jsonl"
+    rows = [json.loads(line) for line in (corpus / "train.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["audio_filepath"] = str(corpus / row["audio_filepath"])
+    short.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    saved = plan(HardwareProfile.resolve("auto"), DatasetProfile.from_source(str(short)), "conformer-ctc-tiny",
+                 target_effective_batch=8).save(tmp_path / "plan.json")
+    edited = json.loads(saved.read_text())
+    edited["data"]["max_seconds"] = 20.0
+    saved.write_text(json.dumps(edited))
+    clip = tmp_path / "long.wav"
+    sf.write(clip, 0.01 * np.random.default_rng(0).standard_normal(10 * 16000), 16000)
+    rows.append({"audio_filepath": str(clip), "duration": 10.0, "text": rows[0]["text"]})
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = {"model": "conformer-ctc-tiny", "train": str(manifest), "plan": str(saved), "force_plan": True,
+              "target_batch": 8, "max_steps": 1, "random_init": True, "tensorboard": False, "gpu": "auto"}
+    report = train_asr(RunConfig(**common, out_dir=str(tmp_path / "run")))
+    key = "not_batched: longer than the largest bucket"
+    assert [v for k, v in report.skipped.items() if k.startswith(key)] == [1]
+    listed = [json.loads(line) for line in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()]
+    assert [e["reason"][: len(key)] for e in listed] == [key]
+    with pytest.raises(ConfigError, match=key):
+        train_asr(RunConfig(**common, out_dir=str(tmp_path / "strict"), max_skipped=0.01))

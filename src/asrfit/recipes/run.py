@@ -154,6 +154,24 @@ def _check_skips(log: SkipLog, train_set: SpeechDataset, policy: ValidationPolic
     log.check(policy, f"training data {cfg.train}", str(listing) if listing else None)
 
 
+def _check_unbatched(log: SkipLog, train_set: SpeechDataset, plan: Any, policy: ValidationPolicy,
+                     cfg: RunConfig, out: Path) -> None:
+    """Utterances the plan's buckets cannot batch (the sampler would drop them) are skips too:
+    listed in ``skipped.jsonl`` and counted against ``--max-skipped`` before training starts."""
+    from asrfit.data.sampler import MemoryBudgetSampler
+
+    probe = MemoryBudgetSampler(train_set.durations, plan, label_lengths=train_set.label_lengths, shuffle=False)
+    if not probe.skipped_indices:
+        return
+    reason = "not_batched: " + "; ".join(sorted(probe.skipped))  # report.json's key, as before
+    for index in probe.skipped_indices:
+        log.add(reason, train_set.utterances[index].where)
+    listing = log.write(out / "skipped.jsonl")
+    logger.warning("training data: %d utterance(s) the plan cannot batch (%s); each listed in %s",
+                   len(probe.skipped_indices), reason, listing)
+    log.check(policy, f"training data {cfg.train}", str(listing))
+
+
 def _score_epoch(ctx: dict[str, Any], stage: int, record: EpochRecord) -> None:
     """Save the best model (with its score) when dev improved, then mark the epoch scored."""
     state: RunState = ctx["state"]
@@ -235,6 +253,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     else:
         plan, hardware = _plan(cfg, asr, train_set, cap)
     plan.save(out / "plan.json")
+    _check_unbatched(skip_log, train_set, plan, policy, cfg, out)
     train_set.set_cache(plan.data.cache_decoded_audio)
     dev_set = None
     if cfg.dev is not None:
@@ -335,8 +354,8 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
                                  max_seconds=window, long_utterances="chunk", keep_unknown=True)
         test = evaluate(best, test_set, asr.output_frames, batch_size=cfg.eval_batch_size)
     device = str(trainer.accelerator.device)
-    skipped = {**dict(skip_log.counts), **{f"replaced_{k}": v for k, v in train_set.replacements().items()},
-               **{f"not_batched: {k}": v for k, v in sampler.skipped.items()}}  # the last stage batches the most
+    # not_batched: counted before training, over the whole training set (_check_unbatched)
+    skipped = {**dict(skip_log.counts), **{f"replaced_{k}": v for k, v in train_set.replacements().items()}}
     report = RunReport(
         config=cfg, model_class=type(asr.model).__name__, parameters=asr.num_parameters,
         trainable_parameters=sum(p.numel() for p in asr.model.parameters() if p.requires_grad),
