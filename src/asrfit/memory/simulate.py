@@ -118,7 +118,8 @@ def _live_at(tracker: StorageTracker, at: int) -> tuple[dict[str, int], list[int
 
     counts: dict[int, int] = {}
     for key, sign in tracker.log.events[: at + 1]:
-        counts[storage(key)] = counts.get(storage(key), 0) + sign
+        root = storage(key)
+        counts[root] = counts.get(root, 0) + sign
     became = {storage(key): key for key in sorted(merged)}  # the latest block of each storage
     breakdown = dict.fromkeys(CATEGORIES, 0)
     live: Counter[int] = Counter()
