@@ -121,6 +121,15 @@ def test_resumed_to_train_longer_keeps_its_steps_and_follows_the_longer_schedule
     later = [r["learning_rate"] for r in resumed[6:]]
     assert later == pytest.approx([r["learning_rate"] for r in fresh[6:]])  # not the old end's 0
     assert all(rate > 0 for rate in later)
+    # the report numbers epochs from 1, and names the one --max-steps cut short as the next
+    epochs = json.loads((tmp_path / "fresh" / "report.json").read_text())["epochs"]
+    per_epoch = epochs[0]["steps"]
+    assert 5 < per_epoch < 10  # 64 utterances in batches of at most 8: one whole epoch, then part
+    assert [(e["epoch"], e["steps"]) for e in epochs] == [(1, per_epoch), (2, 10)]
+    assert epochs[0]["fraction"] == 1.0
+    assert epochs[1]["fraction"] == pytest.approx((10 - per_epoch) / per_epoch)
+    table = (tmp_path / "fresh" / "report.md").read_text()
+    assert f"| 1 | 2 ({(10 - per_epoch) / per_epoch:.0%} of it) | 10 |" in table
 
 
 def test_resuming_with_another_model_is_refused_by_name(corpus, tmp_path) -> None:

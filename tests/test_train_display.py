@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from asrfit.cli.main import cli
-from asrfit.cli.progress import PlainProgress, RichProgress, progress_for
+from asrfit.cli.progress import PlainProgress, RichProgress, progress_for, step_line
 from asrfit.train.events import StepEvent
 
 STEPS = 3
@@ -109,7 +109,8 @@ def test_train_in_a_terminal_shows_the_live_display(run: tuple[Path, str]) -> No
     assert "\x1b[" in shown  # drawn with terminal control codes, not printed as lines
     assert "━" in shown  # the bar
     assert f"{STEPS}/{STEPS}" in shown  # steps done of the total
-    for field in ("loss ", "audio-s/s", "meas/pred", "ETA "):
+    # on the CPU the process's RSS and the step's predicted tensors, not shown as one ratio
+    for field in ("loss ", "audio-s/s", "rss ", "step pred", "ETA "):
         assert field in shown, field
     assert "dev WER" in shown  # the epoch's scores above the bar
 
@@ -161,7 +162,7 @@ def test_report_writes_html_and_pngs(run: tuple[Path, str]) -> None:
     assert f"WER {100 * report['best_dev_wer']:.1f} %" in page
 
 
-def _event(step: int, total: int = 5) -> StepEvent:
+def _event(step: int, total: int = 5, source: str = "torch.cuda") -> StepEvent:
     return StepEvent(
         step=step,
         total_steps=total,
@@ -175,7 +176,7 @@ def _event(step: int, total: int = 5) -> StepEvent:
         eta_seconds=(total - step) * 2.0,
         predicted_bytes=2**30,
         measured_bytes=2**29,
-        memory_source="torch.cuda",
+        memory_source=source,
     )
 
 
@@ -192,6 +193,14 @@ def test_piped_progress_is_plain_periodic_lines() -> None:
         "step 5/5 | loss 1.5000 | lr 1.00e-03 | 10.0 audio-s/s | mem 0.50/1.00 GiB meas/pred | ETA 0:00",
     ]
     assert "\x1b[" not in out.getvalue()
+
+
+def test_a_cpu_step_names_the_process_rss_and_the_predicted_step_apart() -> None:
+    # RSS holds the interpreter, libraries and cached inputs as well as the step's tensors,
+    # which alone the plan predicts: a "meas/pred" pair would read as a 10x miss
+    for source in ("rss", "rss+vmhwm"):
+        line = step_line(_event(1, source=source))
+        assert "rss 0.50 GiB, step pred 1.00 GiB" in line and "meas/pred" not in line
 
 
 def test_terminal_gets_the_live_display() -> None:

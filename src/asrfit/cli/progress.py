@@ -33,7 +33,12 @@ def _memory(event: StepEvent) -> str:
     measured = f"{event.measured_bytes / GIB:.2f}"
     if event.predicted_bytes is None:
         return f"mem {measured} GiB"
-    return f"mem {measured}/{event.predicted_bytes / GIB:.2f} GiB meas/pred"
+    predicted = f"{event.predicted_bytes / GIB:.2f}"
+    if event.memory_source.startswith("rss"):
+        # the whole process (interpreter, libraries, cached inputs), against the step's tensors:
+        # not one quantity, so not shown as a ratio
+        return f"rss {measured} GiB, step pred {predicted} GiB"
+    return f"mem {measured}/{predicted} GiB meas/pred"
 
 
 def step_line(event: StepEvent) -> str:

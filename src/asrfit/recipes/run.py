@@ -41,7 +41,13 @@ from asrfit.errors import ConfigError
 from asrfit.recipes.asr_model import ASRModel, auto_class_for, build_asr_model
 from asrfit.recipes.evaluate import evaluate
 from asrfit.recipes.run_events import run_listeners
-from asrfit.recipes.run_report import EpochRecord, RunConfig, RunReport, predicted_epoch_seconds
+from asrfit.recipes.run_report import (
+    CPU_PEAK_KIND,
+    EpochRecord,
+    RunConfig,
+    RunReport,
+    predicted_epoch_seconds,
+)
 from asrfit.recipes.run_safety import (
     RunState,
     long_audio_cap_seconds,
@@ -274,18 +280,21 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     trainer: Any = None
 
     def score(stage: int, loss: float, wall: float, audio: float) -> None:
+        # numbered from 1; an epoch that --max-steps cut short has not moved trainer.epoch on
+        into = trainer.batches_in_epoch / max(1, len(sampler))
+        epoch = trainer.epoch + (1 if into else 0)
         dev = None
         if dev_set is not None:
             dev = evaluate(trainer.unwrapped_model, dev_set, asr.output_frames,
                            batch_size=cfg.eval_batch_size, device=trainer.accelerator.device)
-            logger.info("stage %d epoch %d: dev WER %.1f %%, CER %.1f %%", stage, trainer.epoch,
+            logger.info("stage %d epoch %d: dev WER %.1f %%, CER %.1f %%", stage, epoch,
                         100 * dev.wer, 100 * dev.cer)
             events.on_eval(trainer.global_step, {"wer": dev.wer, "cer": dev.cer})
         predicted = predicted_epoch_seconds(plan, trainer.accelerator.device.type, audio)
-        record = EpochRecord(stage, trainer.epoch, trainer.global_step, loss, wall, audio, dev, predicted)
+        record = EpochRecord(stage, epoch, trainer.global_step, loss, wall, audio, dev, predicted, into or 1.0)
         if predicted:  # an epoch resumed at its end trains on no audio
             logger.info("stage %d epoch %d: trained in %.0f s, the plan predicted %.0f s (measured/predicted %.2f)",
-                        stage, trainer.epoch, wall, predicted, wall / predicted)
+                        stage, epoch, wall, predicted, wall / predicted)
         epochs.append(record)
         _score_epoch(ctx, stage, record)
 
@@ -363,7 +372,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         plan_summary=[[k, v] for k, v in plan.summary_rows()],
         predicted_peak_bytes=max(b.predicted_peak_bytes for b in plan.buckets),
         measured_peak_bytes=peak,
-        measured_peak_kind="torch.cuda.max_memory_reserved" if device.startswith("cuda") else "process RSS (CPU)",
+        measured_peak_kind="torch.cuda.max_memory_reserved" if device.startswith("cuda") else CPU_PEAK_KIND,
         predicted_audio_seconds_per_second=plan.predicted_throughput_seconds_per_second,
         measured_audio_seconds_per_second=audio_seconds / train_seconds if train_seconds else 0.0,
         skipped=skipped, epochs=epochs, best_dev_cer=ctx["best_cer"], best_dev_wer=ctx["best_wer"],

@@ -96,12 +96,23 @@ class RunConfig(JsonDataclass):
             raise ConfigError(f"target_batch={self.target_batch}: must be at least 1.")
 
 
+CPU_PEAK_KIND = (
+    "process RSS (CPU): the whole process, its interpreter, libraries and cached inputs too; "
+    "the prediction is the training step's tensors alone"
+)
+"""What a CPU run's measured peak is (:attr:`RunReport.measured_peak_kind`): not the predicted
+quantity, so the report names both (``bench/memory_accuracy.py`` compares the two at the
+allocator)."""
+
+
 @dataclass
 class EpochRecord(JsonDataclass):
     """One epoch: where, how long (measured, and as the plan predicted it), and the dev scores.
 
     ``predicted_seconds`` is the epoch's audio over the plan's predicted audio seconds per second
     (:func:`predicted_epoch_seconds`); None when the plan was made for another kind of device.
+    ``epoch`` counts from 1: the epoch the record ends (or, for one that ``max_steps`` cut
+    short, stops in); ``fraction`` is the share of that epoch's batches trained by then.
     """
 
     stage: int
@@ -112,6 +123,7 @@ class EpochRecord(JsonDataclass):
     audio_seconds: float
     dev: EvalResult | None = None
     predicted_seconds: float | None = None
+    fraction: float = 1.0
 
 
 @dataclass
@@ -160,7 +172,8 @@ class RunReport(JsonDataclass):
         for e in self.epochs:
             wer = f"{100 * e.dev.wer:.1f} %" if e.dev else "-"
             cer = f"{100 * e.dev.cer:.1f} %" if e.dev else "-"
-            lines.append(f"| {e.stage} | {e.epoch} | {e.steps} | {e.train_loss:.3f} | {wer} | {cer} | {e.wall_seconds:.0f} | "
+            epoch = str(e.epoch) if e.fraction >= 1 else f"{e.epoch} ({e.fraction:.0%} of it)"
+            lines.append(f"| {e.stage} | {epoch} | {e.steps} | {e.train_loss:.3f} | {wer} | {cer} | {e.wall_seconds:.0f} | "
                          f"{'-' if e.predicted_seconds is None else f'{e.predicted_seconds:.0f}'} |")
         if self.test is not None:
             lines += ["", f"Test (best model): WER {100 * self.test.wer:.1f} %, CER {100 * self.test.cer:.1f} %"]
