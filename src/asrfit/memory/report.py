@@ -24,7 +24,7 @@ from asrfit.memory.step import (
     StepAdapter,
     StepMemory,
 )
-from asrfit.memory.zero import shard_breakdown
+from asrfit.memory.zero import shard_breakdown, unmodelled_step_time
 from asrfit.profiles.host import device_rates, host_rates
 from asrfit.utils.serialization import JsonDataclass
 
@@ -231,7 +231,10 @@ def simulate(
         step_s = step_seconds(step.cost, rates)
         per_second = batch.batch_size * seconds / step_s
         by_kind = seconds_by_kind(step.cost, rates)
-        notes.append(f"step time: per-op roofline on {rates.name} ({'; '.join(rates.sources)})")
+        notes.append(
+            f"step time: per-op roofline on {rates.name} ({'; '.join(rates.sources)})"
+            + unmodelled_step_time(setup)
+        )
     return MemoryReport(
         model=adapter.name,
         setup=setup,

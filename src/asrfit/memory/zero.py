@@ -3,8 +3,11 @@
 The trace runs one process with whole model states; what DeepSpeed and DDP change is
 counted here from the breakdown at the peak:
 
-- DDP (world size > 1, ZeRO 0): gradient buckets hold a second copy of the gradients
-  (``gradient_as_bucket_view=False``, the PyTorch default).
+- DDP (world size > 1, ZeRO 0): its gradient buckets, flat buffers allocated when the model
+  is wrapped and kept while it lives, hold a copy of every trainable gradient
+  (``gradient_as_bucket_view=False``, the PyTorch default): one gradient's bytes per
+  trainable parameter, live at every phase, on top of the gradients the step holds (none
+  in the forward pass after ``zero_grad(set_to_none=True)``, all of them after backward).
 - DeepSpeed keeps parameters and gradients in the training precision (bf16/fp16: 2 bytes)
   and, in the optimizer state, an fp32 master copy of the parameters and an fp32 copy of its
   gradient partition (the optimizer steps on fp32): with Adam 4 + 8 + 4 = 16 bytes per
@@ -27,6 +30,12 @@ REDUCE_BUCKET_ELEMENTS = 500_000_000
 PREFETCH_BUCKET_ELEMENTS = 50_000_000
 
 
+def ddp_bucket_bytes(setup: Setup, trainable_params: int) -> int:
+    """Bytes of DDP's gradient buckets: one gradient (the parameters' dtype: fp32 under
+    mixed precision, bf16 for pure bf16) per trainable parameter."""
+    return trainable_params * (2 if setup.precision is Precision.PURE_BF16 else 4)
+
+
 def shard_breakdown(
     breakdown: dict[str, int], setup: Setup, trainable_params: int
 ) -> tuple[dict[str, int], list[str]]:
@@ -42,9 +51,11 @@ def shard_breakdown(
     n = setup.world_size
     if setup.zero_stage == 0:
         if n > 1:
-            out["gradients"] = out.get("gradients", 0) * 2
+            buckets = ddp_bucket_bytes(setup, trainable_params)
+            out["gradients"] = out.get("gradients", 0) + buckets
             notes.append(
-                "DDP: gradient buckets double the gradient bytes (gradient_as_bucket_view=False)"
+                f"DDP: gradient buckets hold every trainable gradient, {buckets / 2**30:.2f} GiB "
+                "in every phase (gradient_as_bucket_view=False)"
             )
         return out, notes
     half = setup.precision in (Precision.BF16, Precision.FP16)
@@ -81,3 +92,19 @@ def shard_breakdown(
         )
     notes.append("model states sharded by formula, not traced")
     return out, notes
+
+
+def unmodelled_step_time(setup: Setup) -> str:
+    """What a step's predicted time (the traced kernels) leaves out for this setup, as a clause
+    to append to the time's description ("" when it leaves nothing out)."""
+    left = []
+    if setup.world_size > 1 or setup.zero_stage:
+        left.append(
+            "the collectives between processes (DDP's all-reduce, ZeRO's reduce-scatter and "
+            "gathers)"
+        )
+    if setup.offload_optimizer or setup.offload_params:
+        left.append("offload's host transfers and CPU optimizer step")
+    if not left:
+        return ""
+    return "; not in the step time: " + " and ".join(left)

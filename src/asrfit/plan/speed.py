@@ -17,6 +17,7 @@ from typing import Any
 
 from asrfit.memory.costmodel import PeakModel, fit_peak_model, lerp_models
 from asrfit.memory.roofline import step_seconds, step_seconds_parts
+from asrfit.memory.zero import unmodelled_step_time
 from asrfit.profiles.rates import DeviceRates
 
 _NS = 1e9
@@ -200,4 +201,5 @@ def speed_line(costs: Any, rates: DeviceRates | None) -> str:
         f"throughput: per-op roofline of the traced kernels (FLOPs, bytes, per-kernel cost) on "
         f"{rates.name} (fitted over the traced shapes within {fit_residual(costs, rates):.1%}); "
         + "; ".join(rates.sources)
+        + unmodelled_step_time(costs.setup)
     )
