@@ -418,3 +418,15 @@ def test_create_optimal_config_on_hf_dataset_and_wav2vec2_module(tmp_path, monke
     again = ASRConfigManager()
     assert again.load_config(tmp_path / "plan.json") == config
     assert again.plan == plan
+
+
+@pytest.mark.slow  # plans conformer-ctc-tiny (a few fake-tensor simulations)
+def test_create_optimal_config_finds_a_common_voice_sentence_column(tmp_path, monkeypatch):
+    # the profile looks the transcript column up among the usual names; the one-call entry
+    # point used to insist on "text" and refused the Common Voice layout
+    monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path / "cache"))
+    texts = ["hello there", "a longer sentence to read", "yes", "four words in all"]
+    ds = dummies.dummy_hf_dataset(tmp_path / "cv", DURATIONS_SECONDS, texts=texts, text_column="sentence")
+    _, manager = create_optimal_config(ds, "conformer-ctc-tiny", gpu="T4", target_batch_size=8)
+    assert manager.dataset.num_utterances == 4
+    assert manager.dataset.text_chars_mean == pytest.approx(sum(map(len, texts)) / 4)

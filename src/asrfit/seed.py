@@ -259,7 +259,7 @@ def create_optimal_config(
     safety_margin: float = DEFAULT_SAFETY_MARGIN,
     gpu: str | HardwareProfile | None = None,
     audio_column: str = "audio",
-    text_column: str = "text",
+    text_column: str | None = None,
     **plan_kwargs: Any,
 ) -> tuple[TrainingConfig, ASRConfigManager]:
     """Profile, plan and convert in one call (the seed's entry point).
@@ -272,7 +272,9 @@ def create_optimal_config(
         safety_margin: Share of GPU memory a plan may fill. (Default: 0.85)
         gpu: None to detect, or a GPU name such as "T4" to plan for it.
         audio_column: The audio column of a ``datasets.Dataset``. (Default: "audio")
-        text_column: The transcript column of a ``datasets.Dataset``. (Default: "text")
+        text_column: The transcript column of a ``datasets.Dataset``. (Default: found among
+            the usual names, as :meth:`DatasetProfile.from_hf_dataset` does: ``text``,
+            ``sentence`` (Common Voice), ``transcription``...)
         **plan_kwargs: Passed to the planner (see :meth:`ASRConfigManager.create_plan`).
 
     Returns:
