@@ -182,6 +182,27 @@ def test_unreadable_audio_names_the_file_and_is_left_out(tmp_path):
     assert p.duration_max_seconds == 1.0 and p.missing_audio_count == 1
 
 
+def test_declared_durations_the_audio_contradicts_are_warned_about(tmp_path) -> None:
+    # one line declares 30 s for a 5 s file: the profile keeps the declared durations (the
+    # plan's buckets come from them) but says so, before training would skip the utterance
+    import json
+    import warnings
+
+    path = dummy_manifest(tmp_path, [1.0, 2.0, 5.0])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[2]["duration"] = 30.0
+    rows[1]["duration"] = 2.05  # within the tolerance (0.1 s): no warning for it
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(UserWarning, match=r"1 of 3 sampled utterances declare a duration .*#2: 30 s declared, 5\.00 s in .*utt_0002\.wav"):
+        p = DatasetProfile.from_manifest(path)
+    assert p.duration_max_seconds == 30.0
+    rows[2]["duration"] = 5.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DatasetProfile.from_manifest(path)
+
+
 def test_paired_sample_is_seeded_and_capped(tmp_path):
     write_dummy_audio(tmp_path / "a.wav", duration_seconds=0.1)
     rows = [

@@ -37,7 +37,11 @@ from typing import Any
 import soundfile as sf
 
 from asrfit.errors import AudioError, ConfigError, ManifestError
-from asrfit.profiles.dataset_stats import MIN_TRAIN_SECONDS
+from asrfit.profiles.dataset_stats import (
+    DURATION_TOLERANCE_RATIO,
+    DURATION_TOLERANCE_SECONDS,
+    MIN_TRAIN_SECONDS,
+)
 from asrfit.utils.io import Pathlike, atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -65,8 +69,8 @@ class ValidationPolicy:
     """
 
     max_skipped_fraction: float = 0.05
-    duration_tolerance_seconds: float = 0.1
-    duration_tolerance_ratio: float = 0.02
+    duration_tolerance_seconds: float = DURATION_TOLERANCE_SECONDS
+    duration_tolerance_ratio: float = DURATION_TOLERANCE_RATIO
     min_seconds: float = MIN_TRAIN_SECONDS
     header_threads: int = 8
 

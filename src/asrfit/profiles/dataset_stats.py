@@ -32,6 +32,12 @@ TEXT_COLUMNS = ("text", "sentence", "transcription", "normalized_text")
 _BYTES_PER_FLOAT32 = 4
 MIN_TRAIN_SECONDS = 0.1
 """Shorter audio is skipped by training (``too_short``): 10 ms has no frame after subsampling."""
+DURATION_TOLERANCE_SECONDS = 0.1
+DURATION_TOLERANCE_RATIO = 0.02
+"""A declared duration may differ from its audio header's by the larger of these (seconds, and
+the share of the header's duration); beyond, training skips it (``duration_mismatch``,
+:class:`asrfit.data.validate.ValidationPolicy`) and profiling warns."""
+
 _SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -201,6 +207,43 @@ def read_headers(sample: list[SampledUtterance], where: str) -> tuple[dict[int, 
     return headers, missing + len(unreadable)
 
 
+def warn_declared_durations(
+    sample: list[SampledUtterance], headers: dict[int, AudioHeader], where: str
+) -> int:
+    """Warn when sampled files' headers contradict the durations the source declares.
+
+    The profile (and so the plan's buckets) takes declared durations as given; a manifest
+    whose ``duration`` is wrong sizes buckets for audio that is not there (or misses audio
+    that is), and training later skips those utterances (``duration_mismatch``).
+
+    Returns:
+        How many sampled utterances disagree beyond the tolerance.
+    """
+    wrong = []
+    for u in sample:
+        header = headers.get(u.index)
+        if header is None or math.isnan(u.duration_seconds):
+            continue
+        tolerance = max(
+            DURATION_TOLERANCE_SECONDS, DURATION_TOLERANCE_RATIO * header.duration_seconds
+        )
+        if abs(u.duration_seconds - header.duration_seconds) > tolerance:
+            wrong.append(u)
+    checked = sum(1 for u in sample if u.index in headers and not math.isnan(u.duration_seconds))
+    if wrong:
+        u = wrong[0]
+        warnings.warn(
+            f"{where}: {len(wrong)} of {checked} sampled utterances declare a duration their audio "
+            f"does not have (e.g. utterance #{u.index}: {u.duration_seconds:g} s declared, "
+            f"{headers[u.index].duration_seconds:.2f} s in {u.audio if isinstance(u.audio, Path) else 'its audio'}); "
+            "the profile and the plan's "
+            "buckets use the declared durations, and `asrfit train` skips such utterances "
+            "(duration_mismatch). Fix the declared durations.",
+            stacklevel=3,
+        )
+    return len(wrong)
+
+
 def from_partial_durations(
     *,
     source: str,
@@ -220,6 +263,7 @@ def from_partial_durations(
     if num_missing:
         to_read = sample_missing if num_missing == n else sample_missing + sample_all
     headers, missing_audio = read_headers(to_read, source)
+    warn_declared_durations(to_read, headers, source)
     known = ~missing_mask
     obs_durations = durations_seconds[known]
     obs_chars = text_chars[known]
