@@ -83,6 +83,17 @@ def test_cli_exports_a_saved_plan(tmp_path, fmt):
     assert "utterances per step" in result.stderr
 
 
+def test_cli_export_says_the_exporters_warnings_as_notes(tmp_path):
+    # a DeepSpeed export of a plan without ZeRO warns; the CLI says it as a note on stderr,
+    # not as a Python warning with the source file and line
+    path = example_plan(zero_stage=0).save(tmp_path / "plan.json")
+    result = CliRunner().invoke(cli, ["export", str(path), "--to", "deepspeed"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["zero_optimization"]["stage"] == 0
+    assert "note: " in result.stderr and "ZeRO stage 0" in result.stderr
+    assert "UserWarning" not in result.stderr and "exports.py" not in result.stderr
+
+
 def test_cli_export_errors_name_the_problem(tmp_path):
     path = example_plan().save(tmp_path / "plan.json")
     bad = CliRunner().invoke(cli, ["export", str(path), "--to", "keras"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import click
 
 from asrfit.cli.render import console
@@ -37,11 +39,15 @@ def command(plan_path: str, fmt: str, out_path: str | None) -> None:
             f"{fmt!r} is not known; use one of: {', '.join(EXPORT_FORMATS)}.", param_hint="--to"
         )
     plan = Plan.load(plan_path)
-    text = export_text(plan, fmt)
-    note = export_note(plan, fmt)
+    with warnings.catch_warnings(record=True) as caught:  # said as notes, not as Python warnings
+        warnings.simplefilter("always")
+        text = export_text(plan, fmt)
+        note = export_note(plan, fmt)
     if out_path:
         atomic_write_text(out_path, text)
         console.print(f"{fmt} export written to {out_path}", highlight=False)
     else:
         click.echo(text, nl=False)
+    for warning in dict.fromkeys(str(w.message) for w in caught):
+        click.echo(f"note: {warning}", err=True)
     click.echo(note, err=True)

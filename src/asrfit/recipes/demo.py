@@ -157,7 +157,7 @@ def prepare_corpus_folder(
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise ConfigError(
-                f"{out}: folder is not empty; choose a new folder, or pass overwrite=True to replace "
+                f"{out}: folder is not empty; choose a new folder, or pass --overwrite (overwrite=True in Python) to replace "
                 f"its manifests and audio/{{{','.join(splits)}}}/*.wav (other files are kept)."
             )
         for split in splits:
