@@ -203,6 +203,14 @@ def test_declared_durations_the_audio_contradicts_are_warned_about(tmp_path) -> 
         DatasetProfile.from_manifest(path)
 
 
+def test_mixed_sample_rates_are_named_with_their_counts(tmp_path) -> None:
+    path = dummy_manifest(tmp_path, [1.0, 1.5, 2.0])
+    write_dummy_audio(tmp_path / "audio" / "utt_0002.wav", duration_seconds=2.0, sample_rate_hz=8000)
+    with pytest.warns(UserWarning, match=r"mix sample rates: 16,000 Hz \(2\), 8,000 Hz \(1\) files"):
+        p = DatasetProfile.from_manifest(path)
+    assert p.sample_rate_hz == 16000  # the most common, as the field says
+
+
 def test_paired_sample_is_seeded_and_capped(tmp_path):
     write_dummy_audio(tmp_path / "a.wav", duration_seconds=0.1)
     rows = [

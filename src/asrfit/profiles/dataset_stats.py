@@ -365,6 +365,14 @@ def build_fields(
     if sample_rates:
         tally = Counter(sample_rates)
         sample_rate = max(tally, key=lambda sr: (tally[sr], sr))
+        if len(tally) > 1:  # one field holds one rate: say what else the sample found
+            mix = ", ".join(f"{sr:,} Hz ({n})" for sr, n in tally.most_common())
+            warnings.warn(
+                f"{source}: the sampled audio files mix sample rates: {mix} files; the profile "
+                f"reports the most common ({sample_rate:,} Hz) and estimates decoded bytes at it. "
+                "Training resamples every file to the model's rate.",
+                stacklevel=4,
+            )
     else:
         sample_rate = DEFAULT_SAMPLE_RATE_HZ
     disk = (
