@@ -73,3 +73,46 @@ def test_a_conformer_too_big_for_the_t4_budget_gets_checked_proposals(
     chunk = re.search(r"chunk long audio to ([\d.]+) s", message)
     if chunk is None:
         assert "no chunk length helps" in message
+
+
+def test_widths_tried_keep_the_per_head_width_a_multiple_of_8() -> None:
+    # fused attention needs it; without, the scores stay in memory and memory jumps at such
+    # widths, which would break the bisection (d_model 1216, 16 heads: 20.0 GiB, 1152: 12.4)
+    from asrfit.plan.proposals import largest_conformer
+
+    asked: list[int] = []
+
+    def reserved(cfg) -> int:  # a stand-in for the simulation: grows with width and depth
+        asked.append(int(cfg.d_model))
+        return int(cfg.d_model) * int(cfg.encoder_layers)
+
+    config = conformer_config(4096, encoder_layers=24, encoder_attention_heads=16)
+    setup = Setup(precision="fp16", gradient_checkpointing=True, optimizer="adamw8bit")
+    found = largest_conformer(
+        config, setup, BatchShape(16, 2450, 380), 1152 * 6, "turing", check=reserved
+    )
+    assert asked and all(d % 16 == 0 and (d // 16) % 8 == 0 for d in asked)
+    assert found is not None and int(found[0].d_model) * int(found[0].encoder_layers) <= 1152 * 6
+
+
+def test_the_setup_for_a_smaller_model_is_the_one_lowest_at_the_target_batch() -> None:
+    from asrfit.plan.proposals import frugal_setup
+
+    class Costs:  # reserved bytes = states + batch x activations per utterance
+        def __init__(self, setup: Setup, states: int, per_utterance: int) -> None:
+            self.setup, self.states, self.per_utterance = setup, states, per_utterance
+
+        def reserved_bytes(self, batch_size: int, input_length: int, label_length: int) -> int:
+            return self.states + batch_size * self.per_utterance
+
+    plain = Costs(Setup(precision="fp16", optimizer="adafactor"), 10, 100)
+    recompute = Costs(
+        Setup(precision="fp16", gradient_checkpointing=True, optimizer="adafactor"), 200, 20
+    )
+    assert frugal_setup([plain, recompute], BatchShape(1, 2450, 380)) == plain.setup
+    assert frugal_setup([plain, recompute], BatchShape(16, 2450, 380)) == recompute.setup
+    # states far over the budget hide the activations in both fits: checkpointing then
+    tie = Costs(
+        Setup(precision="fp16", gradient_checkpointing=True, optimizer="adafactor"), 10, 100
+    )
+    assert frugal_setup([plain, tie], BatchShape(16, 2450, 380)) == tie.setup

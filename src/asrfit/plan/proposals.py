@@ -9,12 +9,16 @@ are GPUs to shard over), the plan error proposes:
   shortened by 10 % until its predicted reserved bytes are within usable memory). Longer
   utterances are then chunked at quiet points (``--max-seconds``, :mod:`asrfit.plan.long_audio`).
 - **for asrfit's Conformer** (the built-in family), the largest configuration of the same
-  family, by parameter count, over ``d_model`` (multiples of 64 that the heads divide) and
-  the layer count (all, 3/4, 1/2, 1/4 of them), that trains at the target batch at the
-  longest bucket on that GPU: each candidate is a fresh two-step simulation of the frugal
-  setup, whose predicted reserved bytes must stay within usable memory (the margin is
-  already taken off usable memory). Memory grows with both, so ``d_model`` is bisected per
-  layer count.
+  family, by parameter count, over ``d_model`` (multiples of 64 whose per-head width is a
+  multiple of 8) and the layer count (all, 3/4, 1/2, 1/4 of them), that trains at the
+  target batch at the longest bucket on that GPU: each candidate is a fresh two-step
+  simulation of the setup the planner's fitted costs put lowest at that batch, whose
+  predicted reserved bytes must stay within usable memory (the margin is already taken off
+  usable memory). Memory grows with both, so ``d_model`` is bisected per layer count. The
+  per-head width matters: PyTorch's fused attention kernels need it a multiple of 8, and
+  without them attention keeps its batch x heads x frames x frames scores (a Conformer of
+  d_model 1216 with 16 heads reserved 20.0 GiB at 16 x 24.5 s where one of 1152 reserved 12.4),
+  so memory would not grow monotonically with ``d_model`` and bisection would miss.
 """
 
 from __future__ import annotations
@@ -133,7 +137,7 @@ def largest_conformer(
         smallest (64 wide) does not.
     """
     heads = int(config.encoder_attention_heads)
-    step = 64 * heads // math.gcd(64, heads)  # multiples of 64 that the heads divide
+    step = math.lcm(64, 8 * heads)  # multiples of 64 with a per-head width a multiple of 8
     top = max(step, int(config.d_model) // step * step)
     layers0 = int(config.encoder_layers)
 
@@ -174,6 +178,20 @@ def largest_conformer(
     return None if best is None else (best[1], best[2])
 
 
+def frugal_setup(costs: list[Any], batch: BatchShape) -> Setup:
+    """The setup whose fitted costs reserve least at ``batch`` (the target batch, not batch 1:
+    there the model states decide, and a setup without checkpointing could win).
+
+    On a tie, the one that checkpoints: for a model whose states are far over the budget the
+    optimizer step's peak hides the activations in every fitted cost, and the smaller model
+    the proposal looks for will have activations that checkpointing frees.
+    """
+    shape = (batch.batch_size, batch.input_length, batch.label_length)
+    return min(
+        costs, key=lambda c: (c.reserved_bytes(*shape), not c.setup.gradient_checkpointing)
+    ).setup
+
+
 def nothing_fits_proposals(
     *,
     adapter: Any,
@@ -208,7 +226,7 @@ def nothing_fits_proposals(
     if getattr(profile, "family", None) == "asrfit_conformer" and costs:
         config = adapter_config(profile)
         b = shape.batch(target_batch, longest_seconds)
-        setup = min(costs, key=lambda c: c.reserved_bytes(1, b.input_length, b.label_length)).setup
+        setup = frugal_setup(costs, b)
         found = largest_conformer(config, setup, b, usable_bytes, architecture, expandable)
         if found is None:
             lines.append(
