@@ -232,11 +232,11 @@ def warn_declared_durations(
     checked = sum(1 for u in sample if u.index in headers and not math.isnan(u.duration_seconds))
     if wrong:
         u = wrong[0]
+        audio = u.audio if isinstance(u.audio, Path) else "its audio"  # or encoded bytes
         warnings.warn(
             f"{where}: {len(wrong)} of {checked} sampled utterances declare a duration their audio "
             f"does not have (e.g. utterance #{u.index}: {u.duration_seconds:g} s declared, "
-            f"{headers[u.index].duration_seconds:.2f} s in {u.audio if isinstance(u.audio, Path) else 'its audio'}); "
-            "the profile and the plan's "
+            f"{headers[u.index].duration_seconds:.2f} s in {audio}); the profile and the plan's "
             "buckets use the declared durations, and `asrfit train` skips such utterances "
             "(duration_mismatch). Fix the declared durations.",
             stacklevel=3,
