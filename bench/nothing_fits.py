@@ -2,7 +2,7 @@
 
 Run: ``PYTHONPATH=src .venv/bin/python bench/nothing_fits.py [--out docs/benchmarks.md]``.
 
-A Conformer-CTC too large for a T4 (default: d_model 2048, 24 layers, 8 heads, about 2.5 B
+A Conformer-CTC too large for a T4 (default: d_model 4096, 24 layers, 16 heads, 9.75 B
 parameters) is planned on a LibriSpeech-like manifest (``bench/_corpora.py``, utterances up
 to 24.5 s) with a target batch of 16 utterances. The planner finds nothing that fits and
 proposes, among other things, the largest Conformer of the same family that trains the
@@ -52,9 +52,9 @@ def main() -> None:
     """Plan the oversized model, read its proposals, check the Conformer one, write the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", default="T4")
-    parser.add_argument("--d-model", type=int, default=2048)
+    parser.add_argument("--d-model", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--target-batch", type=int, default=16)
     parser.add_argument("--utterances", type=int, default=28_539)
     parser.add_argument("--out", type=Path, default=None)
