@@ -34,3 +34,18 @@ def test_workers_stay_where_the_cache_is_off_or_a_gpu_trains() -> None:
     # on the CPU but too big to cache: every epoch decodes anyway, so workers still help
     big = data_decisions(_dataset(12.0), _hardware("cpu-only"), 1, "chunk", 10.0)
     assert not big.cache_decoded_audio and big.num_workers == 3
+
+
+def test_offload_warns_when_the_host_cannot_hold_the_offloaded_states() -> None:
+    from asrfit.plan.data_side import HOST_BUFFER_FACTOR, offload_warnings
+    from asrfit.profiles.hardware import HardwareProfile
+
+    t4 = HardwareProfile.from_name("T4", num_gpus=4)
+    t4.host_available_bytes = 64 * 2**30
+    per_process = 8 * 2**30  # 4 processes x 8 GiB x 1.5 for buffers = 48 GiB: 75 % of 64
+    assert offload_warnings(per_process, 4, t4) == []
+    t4.host_available_bytes = 48 * 2**30  # now 100 %
+    (warning,) = offload_warnings(per_process, 4, t4)
+    assert f"{4 * 8 * HOST_BUFFER_FACTOR:.1f} GiB" in warning and "48.0 GiB free" in warning
+    assert "not the GPU's host" in warning  # a catalog GPU: the RAM is this machine's
+    assert offload_warnings(0, 4, t4) == []  # nothing offloaded

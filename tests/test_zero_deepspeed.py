@@ -96,3 +96,48 @@ def test_optimizer_state_shrinks_with_world_size_as_deepspeed_counts(world):
     assert abs(out["optimizer_state"] - 16 * params // world) <= 4
     assert out["parameters"] == 2 * params  # stage 1 shards neither parameters
     assert out["gradients"] == 2 * params  # nor gradients
+
+
+# (parameters, GPUs per node, nodes, stage, offload parameters too). DeepSpeed's ZeRO-2 offload
+# estimate is its 16 bytes per parameter for at most 4 GPUs (beyond, 4 bytes per GPU) and is
+# not divided among nodes, while its ZeRO-3 one is: the ZeRO-2 cases are single-node ones.
+OFFLOAD_CASES = [
+    (1_000_000, 1, 1, 2, False),
+    (94_000_000, 4, 1, 2, False),
+    (94_000_000, 4, 1, 3, False),
+    (315_000_000, 2, 2, 3, False),
+    (94_000_000, 4, 1, 3, True),
+    (315_000_000, 8, 2, 3, True),
+]
+
+
+@pytest.mark.parametrize(("params", "per_node", "nodes", "stage", "offload_params"), OFFLOAD_CASES)
+def test_offloaded_host_memory_per_node_matches_deepspeed_estimates(
+    params, per_node, nodes, stage, offload_params
+):
+    from asrfit.memory.zero import offloaded_bytes
+    from asrfit.plan.data_side import offload_host_bytes
+
+    world = per_node * nodes
+    setup = Setup(
+        precision="bf16",
+        world_size=world,
+        zero_stage=stage,
+        offload_optimizer=True,
+        offload_params=offload_params,
+    )
+    ours = offload_host_bytes(offloaded_bytes(traced_fp32_adam(params), setup, params), per_node)
+    if stage == 2:
+        ds_cpu, _ = stage_1_and_2.estimate_zero2_model_states_mem_needs(
+            params, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=True
+        )
+    else:
+        ds_cpu, _, _ = stage3.estimate_zero3_model_states_mem_needs(
+            params,
+            params // 10,
+            num_gpus_per_node=per_node,
+            num_nodes=nodes,
+            cpu_offload=True,
+            cpu_offload_params=offload_params,
+        )
+    assert abs(ours - ds_cpu) <= 16 * world  # the shards' integer division

@@ -24,6 +24,8 @@ Activations and temporaries are left as traced.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from asrfit.memory.setup import Precision, Setup
 
 REDUCE_BUCKET_ELEMENTS = 500_000_000
@@ -108,3 +110,12 @@ def unmodelled_step_time(setup: Setup) -> str:
     if not left:
         return ""
     return "; not in the step time: " + " and ".join(left)
+
+
+def offloaded_bytes(states: dict[str, int], setup: Setup, trainable_params: int) -> int:
+    """Bytes of ``states`` (whole-model, one process) that CPU offload keeps in host memory
+    per process: the per-device states without offload less those with it."""
+    kept = replace(setup, offload_optimizer=False, offload_params=False)
+    on_gpu, _ = shard_breakdown(states, kept, trainable_params)
+    sharded, _ = shard_breakdown(states, setup, trainable_params)
+    return sum(on_gpu.values()) - sum(sharded.values())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from asrfit.memory.costmodel import PeakModel, fit_peak_model
 from asrfit.memory.roofline import StepCost
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory
-from asrfit.memory.zero import shard_breakdown
+from asrfit.memory.zero import offloaded_bytes, shard_breakdown
 from asrfit.plan.parallel import map_forked, trace_workers
 
 #: A simulation as :meth:`CostEstimator._simulate` asks for it:
@@ -69,6 +69,7 @@ class SetupCosts:
     # kernels: the step-time model's inputs (asrfit.plan.speed)
     time_points: list[tuple[int, int, int, StepCost]] = field(default_factory=list)
     optimizer_cost: StepCost | None = None
+    offloaded_bytes: int = 0  # model states CPU offload keeps in host memory, per process
 
     def traced_peak(self, batch_size: int, input_length: int, label_length: int) -> float:
         """Predicted traced peak (allocated before workspaces) per device."""
@@ -444,15 +445,7 @@ class CostEstimator:
         )
         opt = self._optimizer_trace(setup)
         state = opt.optimizer_state_bytes
-        steady = PeakModel(
-            c0_bytes=memory.c0_bytes + state,
-            a_bytes_per_step=memory.a_bytes_per_step,
-            b_bytes_per_step2=memory.b_bytes_per_step2,
-            c_bytes_per_label=memory.c_bytes_per_label,
-            d_bytes_per_utterance=memory.d_bytes_per_utterance,
-            points=memory.points,
-            max_relative_residual=memory.max_relative_residual,
-        )
+        steady = replace(memory, c0_bytes=memory.c0_bytes + state)  # the state stays, steady
         param_bytes = opt.breakdown_bytes.get("parameters", 0)
         grad_bytes = self.trainable_params * (2 if setup.precision is Precision.PURE_BF16 else 4)
         states = {"parameters": param_bytes, "gradients": grad_bytes, "optimizer_state": state}
@@ -463,6 +456,7 @@ class CostEstimator:
             optimizer_peak_bytes=opt.phase_peaks_bytes.get("optimizer", 0),
             model_state_bytes=sum(states.values()),
             sharded_state_bytes=sum(sharded.values()),
+            offloaded_bytes=offloaded_bytes(states, setup, self.trainable_params),
             flops=flops,
             architecture=architecture,
             time_points=self._time_points.get(

@@ -88,3 +88,44 @@ def data_decisions(
         num_workers=workers,
         reasons=reasons,
     )
+
+
+HOST_BUFFER_FACTOR = 1.5
+"""Host memory beyond the offloaded states themselves (pinned transfer buffers, the CPU
+optimizer's work space), as DeepSpeed's own estimators (``estimate_zero2_model_states_mem_needs``
+and ``estimate_zero3_model_states_mem_needs``, their ``additional_buffer_factor``) count it."""
+
+
+def offload_host_bytes(offloaded_bytes: int, processes_per_node: int) -> int:
+    """Host memory one node needs for what CPU offload moves off its GPUs.
+
+    Args:
+        offloaded_bytes: Model states offload keeps on the host, per process
+            (:attr:`asrfit.plan.costs.SetupCosts.offloaded_bytes`).
+        processes_per_node: Training processes (GPUs) on the node.
+    """
+    return int(offloaded_bytes * processes_per_node * HOST_BUFFER_FACTOR)
+
+
+def offload_warnings(offloaded_bytes: int, processes_per_node: int, hardware: Any) -> list[str]:
+    """A warning when offloaded model states would fill more than 80 % of the host's free RAM.
+
+    The planner counts the GPU's memory; offload moves the optimizer state (and in ZeRO-3 the
+    parameters) into host RAM, where a node short of it swaps or is killed. For a catalog GPU
+    the host figures are this machine's, not the training host's.
+    """
+    need = offload_host_bytes(offloaded_bytes, processes_per_node)
+    host = int(hardware.host_available_bytes)
+    if need <= 0 or need <= 0.8 * host:
+        return []
+    whose = (
+        "this machine"
+        if hardware.source == "detected"
+        else "this machine (not the GPU's host: check there)"
+    )
+    return [
+        f"CPU offload keeps about {need / GIB:.1f} GiB of model states in host RAM per node "
+        f"({processes_per_node} process(es), x{HOST_BUFFER_FACTOR:g} for buffers as DeepSpeed "
+        f"estimates), over 80 % of the {host / GIB:.1f} GiB free on {whose}: the host may swap "
+        "or kill training. Use a host with more RAM, more GPUs, or a smaller model."
+    ]

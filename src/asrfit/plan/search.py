@@ -46,7 +46,7 @@ from asrfit.plan.costs import (
     model_key,
 )
 from asrfit.plan.data_checks import data_warnings
-from asrfit.plan.data_side import data_decisions
+from asrfit.plan.data_side import data_decisions, offload_warnings
 from asrfit.plan.explain import shortfall_warning
 from asrfit.plan.fingerprint import fingerprints
 from asrfit.plan.label_buckets import LABEL_PROBE_LOW, LABEL_TRACES, SHORTLIST, choose_across
@@ -363,6 +363,7 @@ def plan(
     )
     data = data_decisions(dataset, hardware, world, long_utterances, edge_max)
     warnings += data_warnings(dataset, profile)
+    warnings += offload_warnings(best.costs.offloaded_bytes, world // num_nodes, hardware)
     if loader_audio_seconds_per_second is not None:
         best = _apply_loader(best, data, world, loader_audio_seconds_per_second, warnings)
     if data.long_utterance_fraction > 0 and long_utterances == "filter":
