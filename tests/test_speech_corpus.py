@@ -193,7 +193,7 @@ def test_manifest_durations_match_the_audio(corpus_dir: Path) -> None:
 
 
 def test_non_empty_folder_is_refused(corpus_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="not empty"):
+    with pytest.raises(ConfigError, match="not empty.*pass --overwrite"):  # the CLI's flag
         write_speech_corpus(corpus_dir, **COUNTS)
 
 
