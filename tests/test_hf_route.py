@@ -94,3 +94,28 @@ def example_durations(ds) -> list[float]:
     from asrfit.train.hf import decode_audio, prepare_audio_dataset
 
     return [len(decode_audio(cell, 16000)) / 16000 for cell in prepare_audio_dataset(ds)["audio"]]
+
+
+def test_a_common_voice_sentence_column_is_found_by_the_loaders_and_the_collator(tmp_path):
+    # create_optimal_config and the profile find the transcript among the usual names; the
+    # utterance reader (MemoryBudgetTrainer's durations and label lengths) and the collator
+    # insisted on "text" and raised a KeyError on Common Voice's "sentence"
+    from transformers import Wav2Vec2FeatureExtractor
+
+    from asrfit.data.dataset import utterances_from
+    from asrfit.errors import ManifestError
+    from asrfit.train.hf import SpeechCollator, prepare_audio_dataset
+
+    example = load_example()
+    ds = example.make_corpus(tmp_path / "train", 3, "audio")
+    texts = list(ds["text"])
+    ds = ds.rename_column("text", "sentence")
+    assert [u.text for u in utterances_from(ds)] == texts
+    with pytest.raises(ManifestError, match="no text column 'transcript'; columns are"):
+        utterances_from(ds, text_column="transcript")
+    tokenizer = example.make_tokenizer(texts, tmp_path)
+    rows = list(prepare_audio_dataset(ds))
+    batch = SpeechCollator(Wav2Vec2FeatureExtractor(return_attention_mask=True), tokenizer)(rows)
+    want = tokenizer(texts, padding=True, return_tensors="pt")["input_ids"]
+    assert batch["labels"].shape == want.shape
+    assert (batch["labels"][batch["labels"] != -100] == want[want != tokenizer.pad_token_id]).all()

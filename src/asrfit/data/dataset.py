@@ -105,9 +105,12 @@ class Utterance:
         return resample(mono, int(self.source.sampling_rate), sample_rate)
 
 
-def utterances_from(source: Any, *, audio_column: str = "audio", text_column: str = "text") -> list[Utterance]:
+def utterances_from(
+    source: Any, *, audio_column: str = "audio", text_column: str | None = None
+) -> list[Utterance]:
     """Collect the utterances of a manifest path, an audio folder, a ``datasets.Dataset`` or
-    a lhotse ``CutSet``.
+    a lhotse ``CutSet``. A dataset's transcript column is ``text_column``, or (None) the first
+    of the usual names present (``text``, ``sentence``, ...; as the dataset profile finds it).
 
     Raises:
         ManifestError: For a missing file or column, or a malformed manifest line (named).
@@ -151,12 +154,14 @@ def utterances_from(source: Any, *, audio_column: str = "audio", text_column: st
     )
 
 
-def _hf_utterances(ds: Any, audio_column: str, text_column: str) -> list[Utterance]:
+def _hf_utterances(ds: Any, audio_column: str, text_column: str | None) -> list[Utterance]:
     import datasets
 
-    for column in (audio_column, text_column):
-        if column not in ds.column_names:
-            raise ManifestError(f"dataset columns {ds.column_names} have no {column!r}; pass its name.")
+    from asrfit.profiles.dataset_stats import text_column_of
+
+    if audio_column not in ds.column_names:
+        raise ManifestError(f"dataset columns {ds.column_names} have no {audio_column!r}; pass its name.")
+    text_column = text_column_of(ds.column_names, text_column, "datasets.Dataset")
     if isinstance(ds.features.get(audio_column), datasets.Audio):
         ds = ds.cast_column(audio_column, datasets.Audio(decode=False))
     out = []

@@ -94,15 +94,7 @@ def hf_dataset_inputs(
         raise ManifestError(
             f"{name}: no audio column {audio_column!r}; columns are {columns}. Pass audio_column=."
         )
-    if text_column is None:
-        text_column = next((c for c in TEXT_COLUMNS if c in columns), None)
-        if text_column is None:
-            raise ManifestError(
-                f"{name}: no transcript column among {list(TEXT_COLUMNS)}; columns are {columns}. "
-                "Pass text_column=."
-            )
-    elif text_column not in columns:
-        raise ManifestError(f"{name}: no text column {text_column!r}; columns are {columns}.")
+    text_column = text_column_of(columns, text_column, name)
     if ds.num_rows == 0:
         raise ManifestError(f"{name}: the dataset is empty; profile a split with at least one row.")
     wanted = [text_column] + (["duration"] if "duration" in columns else [])
@@ -205,6 +197,25 @@ def read_headers(sample: list[SampledUtterance], where: str) -> tuple[dict[int, 
             stacklevel=3,
         )
     return headers, missing + len(unreadable)
+
+
+def text_column_of(columns: list[str], given: str | None, name: str) -> str:
+    """The transcript column: ``given``, or the first of :data:`TEXT_COLUMNS` present.
+
+    Raises:
+        ManifestError: ``given`` is not a column, or none of the usual names is (named).
+    """
+    if given is None:
+        found = next((c for c in TEXT_COLUMNS if c in columns), None)
+        if found is None:
+            raise ManifestError(
+                f"{name}: no transcript column among {list(TEXT_COLUMNS)}; columns are {columns}. "
+                "Pass text_column=."
+            )
+        return found
+    if given not in columns:
+        raise ManifestError(f"{name}: no text column {given!r}; columns are {columns}.")
+    return given
 
 
 def warn_declared_durations(

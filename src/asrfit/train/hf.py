@@ -37,6 +37,7 @@ from asrfit.data.hf_loader import hf_train_dataloader
 from asrfit.data.sampler import MemoryBudgetSampler
 from asrfit.errors import AudioError, ConfigError
 from asrfit.plan.plan import Plan
+from asrfit.profiles.dataset_stats import text_column_of
 
 IGNORE_LABEL = -100
 """The label value CTC and cross-entropy losses in transformers skip (padding)."""
@@ -134,7 +135,8 @@ class SpeechCollator:
         feature_extractor: A transformers feature extractor (``Wav2Vec2FeatureExtractor``...).
         tokenizer: A tokenizer whose ``__call__`` gives ``input_ids`` for the transcripts.
         audio_column: The (undecoded) audio column. (Default: "audio")
-        text_column: The transcript column. (Default: "text")
+        text_column: The transcript column. (Default: the first of the usual names a row has,
+            ``text``, ``sentence``, ..., as the dataset profile finds it)
     """
 
     def __init__(
@@ -143,7 +145,7 @@ class SpeechCollator:
         tokenizer: Any,
         *,
         audio_column: str = "audio",
-        text_column: str = "text",
+        text_column: str | None = None,
     ) -> None:
         self.feature_extractor = feature_extractor
         self.tokenizer = tokenizer
@@ -157,6 +159,8 @@ class SpeechCollator:
         batch = self.feature_extractor(
             audio, sampling_rate=rate, padding=True, return_attention_mask=True, return_tensors="pt"
         )
+        if self.text_column is None or self.text_column not in rows[0]:
+            self.text_column = text_column_of(list(rows[0]), self.text_column, "a collated row")
         labels = self.tokenizer([str(row[self.text_column]) for row in rows], padding=True,
                                 return_tensors="pt", return_attention_mask=True)
         ids = labels["input_ids"].masked_fill(labels["attention_mask"] == 0, IGNORE_LABEL)
@@ -178,7 +182,8 @@ class MemoryBudgetTrainer(Trainer):
         durations: Seconds per training row (Default: read from the audio headers).
         label_lengths: Labels per row (Default: transcript characters).
         audio_column: The audio column, for the durations. (Default: "audio")
-        text_column: The transcript column, for the label lengths. (Default: "text")
+        text_column: The transcript column, for the label lengths. (Default: the first of the
+            usual names present, as for :class:`SpeechCollator`)
         **kwargs: The ``Trainer``'s keyword arguments.
     """
 
@@ -189,7 +194,7 @@ class MemoryBudgetTrainer(Trainer):
         durations: Sequence[float] | None = None,
         label_lengths: Sequence[int] | None = None,
         audio_column: str = "audio",
-        text_column: str = "text",
+        text_column: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
