@@ -32,9 +32,9 @@ REDUCE_BUCKET_ELEMENTS = 500_000_000
 PREFETCH_BUCKET_ELEMENTS = 50_000_000
 
 
-def ddp_bucket_bytes(setup: Setup, trainable_params: int) -> int:
-    """Bytes of DDP's gradient buckets: one gradient (the parameters' dtype: fp32 under
-    mixed precision, bf16 for pure bf16) per trainable parameter."""
+def gradient_bytes(setup: Setup, trainable_params: int) -> int:
+    """Bytes of one gradient per trainable parameter, in the parameters' dtype (fp32 under
+    mixed precision, bf16 for pure bf16): the step's gradients, and DDP's buckets."""
     return trainable_params * (2 if setup.precision is Precision.PURE_BF16 else 4)
 
 
@@ -53,7 +53,7 @@ def shard_breakdown(
     n = setup.world_size
     if setup.zero_stage == 0:
         if n > 1:
-            buckets = ddp_bucket_bytes(setup, trainable_params)
+            buckets = gradient_bytes(setup, trainable_params)
             out["gradients"] = out.get("gradients", 0) + buckets
             notes.append(
                 f"DDP: gradient buckets hold every trainable gradient, {buckets / 2**30:.2f} GiB "

@@ -26,9 +26,9 @@ from asrfit.memory.allocator import peak_within, reserved_bytes
 from asrfit.memory.cache import cache_key, cached, is_cached
 from asrfit.memory.costmodel import PeakModel, fit_peak_model
 from asrfit.memory.roofline import StepCost
-from asrfit.memory.setup import OptimizerKind, Precision, Setup
+from asrfit.memory.setup import OptimizerKind, Setup
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory
-from asrfit.memory.zero import offloaded_bytes, shard_breakdown
+from asrfit.memory.zero import gradient_bytes, offloaded_bytes, shard_breakdown
 from asrfit.plan.parallel import map_forked, trace_workers
 
 #: A simulation as :meth:`CostEstimator._simulate` asks for it:
@@ -447,7 +447,7 @@ class CostEstimator:
         state = opt.optimizer_state_bytes
         steady = replace(memory, c0_bytes=memory.c0_bytes + state)  # the state stays, steady
         param_bytes = opt.breakdown_bytes.get("parameters", 0)
-        grad_bytes = self.trainable_params * (2 if setup.precision is Precision.PURE_BF16 else 4)
+        grad_bytes = gradient_bytes(setup, self.trainable_params)
         states = {"parameters": param_bytes, "gradients": grad_bytes, "optimizer_state": state}
         sharded, _ = shard_breakdown(states, setup, self.trainable_params)
         return SetupCosts(

@@ -220,15 +220,12 @@ def text_column_of(columns: list[str], given: str | None, name: str) -> str:
 
 def warn_declared_durations(
     sample: list[SampledUtterance], headers: dict[int, AudioHeader], where: str
-) -> int:
+) -> None:
     """Warn when sampled files' headers contradict the durations the source declares.
 
     The profile (and so the plan's buckets) takes declared durations as given; a manifest
     whose ``duration`` is wrong sizes buckets for audio that is not there (or misses audio
     that is), and training later skips those utterances (``duration_mismatch``).
-
-    Returns:
-        How many sampled utterances disagree beyond the tolerance.
     """
     wrong = []
     for u in sample:
@@ -252,7 +249,6 @@ def warn_declared_durations(
             "(duration_mismatch). Fix the declared durations.",
             stacklevel=3,
         )
-    return len(wrong)
 
 
 def from_partial_durations(
