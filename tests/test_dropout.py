@@ -111,3 +111,31 @@ def test_a_trace_for_a_gpu_runs_pytorchs_kernels_and_one_for_the_cpu_the_fast_on
     with device_kernels("cpu"):
         assert D._HOST_KERNELS
     assert D._HOST_KERNELS
+
+
+def test_the_float_mask_drops_what_the_boolean_mask_drops_for_a_seed() -> None:
+    shape, p = torch.Size([37, 129]), 0.15
+    torch.manual_seed(7)
+    drop, scale = D.drop_mask(shape, p, torch.device("cpu"))
+    torch.manual_seed(7)
+    mask = D.keep_scale(shape, p, torch.empty(0, dtype=torch.float64))
+    assert mask.dtype == torch.float64
+    want = torch.full(shape, scale, dtype=torch.float64).masked_fill(drop, 0.0)
+    torch.testing.assert_close(mask, want, rtol=0, atol=0)
+
+
+def test_conv2d_on_a_cpu_is_the_module_in_channels_last_order() -> None:
+    torch.manual_seed(8)
+    conv = torch.nn.Conv2d(16, 24, 3, stride=2, padding=1)
+    x = torch.randn(3, 16, 41, 20, requires_grad=True)
+    ours = D.conv2d(conv, x)
+    assert ours.is_contiguous(memory_format=torch.channels_last)
+    ref = conv(x)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(ours.square().sum(), (x, conv.weight, conv.bias))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (x, conv.weight, conv.bias))
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert conv.weight.is_contiguous()  # the parameter itself is left as it was
+    with D.host_kernels(False):  # a trace for a GPU: the module's own call
+        assert D.conv2d(conv, x).is_contiguous()

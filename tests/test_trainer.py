@@ -223,6 +223,28 @@ def test_gradient_clipping_by_hand():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_cpu_trainer_steps_with_fused_adamw_as_the_per_tensor_loop_would():
+    data = make_dataset(4)
+    torch.manual_seed(0)
+    model = MaskedMeanModel()
+    reference, initial = copy.deepcopy(model), copy.deepcopy(model)
+    config = TrainingConfig(warmup_steps=1, learning_rate=1e-2)
+    fused = MemoryEfficientTrainer(
+        model, config, loss_fn=utterance_loss, progress=False, preflight=False
+    )
+    assert fused.optimizer.param_groups[0]["fused"] is True
+    loop = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0, foreach=False)
+    looped = MemoryEfficientTrainer(
+        reference, config, loss_fn=utterance_loss, optimizer=loop, progress=False, preflight=False
+    )
+    for trainer in (fused, looped):
+        trainer.train([[0, 1], [2, 3], [0, 3]], dataset=data, max_steps=3)
+    trained = list(fused.unwrapped_model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(trained, initial.parameters(), strict=True))
+    for got, want in zip(trained, looped.unwrapped_model.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_precision_on_cpu(caplog):
     with caplog.at_level(logging.WARNING):
         fp16 = MemoryEfficientTrainer(

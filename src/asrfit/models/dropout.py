@@ -1,4 +1,4 @@
-"""Dropout, and attention with dropout, that run fast on a CPU.
+"""Dropout, attention with dropout, and strided 2-D convolutions that run fast on a CPU.
 
 PyTorch's CPU dropout draws one Bernoulli number per element with ``bernoulli_``, one at a
 time from the Mersenne twister; in a training step of the built-in Conformer (6 layers of
@@ -10,12 +10,18 @@ Here a mask element costs 16 random bits: 64-bit words from the same generator (
 ``torch.manual_seed`` and the saved RNG state govern it as they do ``F.dropout``), viewed as
 four int16 lanes, each compared with a threshold. The drop probability is ``p`` rounded to
 a multiple of 1/65536 and the kept values are scaled by the exact inverse of the keep
-probability, so the output's expectation is the input, as with ``F.dropout``. Backward keeps
-a boolean mask, as ``native_dropout`` does.
+probability, so the output's expectation is the input, as with ``F.dropout``. The output is
+the input times a float mask of zeros and that scale, one multiplication each way (backward
+keeps that mask: 4 bytes an element, where ``native_dropout`` keeps 1): on a CPU,
+``torch.where`` over a boolean mask runs several times slower than a multiplication.
 
-Only CPU tensors take this path; on a GPU (and when the memory simulator traces a step for
-a GPU on fake CPU tensors: :func:`host_kernels`) the calls are PyTorch's own dropout and
-fused attention.
+A 2-D convolution over many channels (the Conformer's subsampling) runs on oneDNN, whose
+backward copies a channels-first input into channels-last order first; with the weight in
+channels-last order (:func:`conv2d`) oneDNN works in that order throughout and no copy is made.
+
+Only CPU tensors take these paths; on a GPU (and when the memory simulator traces a step for
+a GPU on fake CPU tensors: :func:`host_kernels`) the calls are PyTorch's own dropout, fused
+attention and convolution.
 """
 
 from __future__ import annotations
@@ -50,18 +56,33 @@ def _fast(tensor: torch.Tensor, p: float) -> bool:
     return _HOST_KERNELS and tensor.device.type == "cpu" and 0.0 < p < 1.0
 
 
+def _lanes(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, int, float]:
+    """Random int16 lanes of ``shape``, the threshold below which a lane drops, and the scale."""
+    numel = shape.numel()
+    dropped = round(p * _LANES)
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device)
+    words.random_(-(2**63), 2**63 - 1)  # the whole 64 bits (random_() leaves the sign bit 0)
+    lanes = words.view(torch.int16)[:numel].view(shape)
+    return lanes, dropped - _LANES // 2, _LANES / (_LANES - dropped)
+
+
 def drop_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, float]:
     """A boolean mask, True where an element is dropped, and the scale for the kept ones.
 
     Each element is dropped with probability ``round(p * 65536) / 65536``; the scale is the
     inverse of the keep probability.
     """
-    numel = shape.numel()
-    dropped = round(p * _LANES)
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device)
-    words.random_(-(2**63), 2**63 - 1)  # the whole 64 bits (random_() leaves the sign bit 0)
-    lanes = words.view(torch.int16)[:numel].view(shape)
-    return lanes < dropped - _LANES // 2, _LANES / (_LANES - dropped)
+    lanes, threshold, scale = _lanes(shape, p, device)
+    return lanes < threshold, scale
+
+
+def keep_scale(shape: torch.Size, p: float, like: torch.Tensor) -> torch.Tensor:
+    """The mask of :func:`drop_mask` as ``like``'s dtype: 0 where dropped, the scale elsewhere.
+
+    It draws the same random words as :func:`drop_mask` (the same elements drop for a seed).
+    """
+    lanes, threshold, scale = _lanes(shape, p, like.device)
+    return (lanes >= threshold).to(like.dtype) * scale
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -70,8 +91,16 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if not _fast(x, p):
         return F.dropout(x, p, training=True)
-    drop, scale = drop_mask(x.shape, p, x.device)
-    return torch.where(drop, 0.0, x) * scale  # backward keeps ``drop`` (faster than masked_fill)
+    return x * keep_scale(x.shape, p, x)  # backward keeps the float mask
+
+
+def conv2d(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)``; on a CPU with the weight in channels-last order (the output is then
+    channels-last too, the same values up to summation order)."""
+    if not (_HOST_KERNELS and x.device.type == "cpu" and conv.padding_mode == "zeros"):
+        return conv(x)
+    weight = conv.weight.contiguous(memory_format=torch.channels_last)
+    return F.conv2d(x, weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
 class Dropout(nn.Dropout):

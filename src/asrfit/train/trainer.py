@@ -183,7 +183,7 @@ class MemoryEfficientTrainer(StepMixin):
             enable_gradient_checkpointing(model, ckpt_source.checkpoint_layers)
         if optimizer is None:
             kind = plan.setup.optimizer if plan is not None else config.optim
-            optimizer = build_optimizer(model, kind, config.learning_rate)
+            optimizer = build_optimizer(model, kind, config.learning_rate, cpu=not cuda)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self._deepspeed_steps = 0
         if plugin is not None:  # DeepSpeed divides each micro-batch's loss by this

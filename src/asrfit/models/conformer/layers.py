@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asrfit.models.conformer.config import ConformerCTCConfig, subsampled_frames
-from asrfit.models.dropout import Dropout, attention
+from asrfit.models.dropout import Dropout, attention, conv2d
 
 
 class FeedForward(nn.Module):
@@ -105,9 +105,9 @@ class ConvSubsampling(nn.Module):
         x = features.unsqueeze(1)  # (B, 1, T, F)
         for conv in self.convs:
             if lengths is not None:
-                x = x.masked_fill(~length_mask(lengths, x.shape[2])[:, None, :, None], 0.0)
+                x = x * length_mask(lengths, x.shape[2])[:, None, :, None].to(x.dtype)
                 lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
-            x = F.relu(conv(x))
+            x = F.relu(conv2d(conv, x))
         batch, channels, frames, freq = x.shape
         return self.out(x.transpose(1, 2).reshape(batch, frames, channels * freq)), lengths
 
@@ -130,7 +130,7 @@ class ConvModule(nn.Module):
         """``(B, T, D) -> (B, T, D)``; ``frame_mask`` (B, T) True at real frames, or None."""
         x = F.glu(self.pointwise_conv1(self.norm(x)), dim=-1)
         if frame_mask is not None:
-            x = x.masked_fill(~frame_mask[:, :, None], 0.0)
+            x = x * frame_mask[:, :, None].to(x.dtype)
         x = self.depthwise_conv(x.transpose(1, 2)).transpose(1, 2)
         return self.dropout(self.pointwise_conv2(F.silu(self.conv_norm(x))))
 
