@@ -139,3 +139,20 @@ def test_conv2d_on_a_cpu_is_the_module_in_channels_last_order() -> None:
     assert conv.weight.is_contiguous()  # the parameter itself is left as it was
     with D.host_kernels(False):  # a trace for a GPU: the module's own call
         assert D.conv2d(conv, x).is_contiguous()
+
+
+@pytest.mark.parametrize("padding", [7, "same"])
+def test_conv1d_time_last_is_the_depthwise_module_over_time(padding: int | str) -> None:
+    torch.manual_seed(9)
+    conv = torch.nn.Conv1d(32, 32, 15, padding=padding, groups=32)
+    x = torch.randn(3, 50, 32, requires_grad=True)  # (B, T, C)
+    ours = D.conv1d_time_last(conv, x)
+    ref = conv(x.transpose(1, 2)).transpose(1, 2)
+    assert ours.shape == (3, 50, 32) and ours.is_contiguous()  # no copy back to (B, T, C)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(ours.square().sum(), (x, conv.weight, conv.bias))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (x, conv.weight, conv.bias))
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    with D.host_kernels(False):
+        torch.testing.assert_close(D.conv1d_time_last(conv, x), ref, rtol=0, atol=0)

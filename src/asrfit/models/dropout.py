@@ -95,12 +95,43 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
 
 
 def conv2d(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """``conv(x)``; on a CPU with the weight in channels-last order (the output is then
-    channels-last too, the same values up to summation order)."""
+    """``conv(x)``; on a CPU in channels-last order, input and weight (the output is then
+    channels-last too, the same values up to summation order).
+
+    The input is put in that order as well: a one-channel input (log-mel features) is the
+    same either way, but only its channels-last strides make oneDNN's output channels-last,
+    and the next layer's output gradient would otherwise meet a channels-first activation
+    (ReLU's backward then runs 7x slower on the Conformer's subsampling).
+    """
     if not (_HOST_KERNELS and x.device.type == "cpu" and conv.padding_mode == "zeros"):
         return conv(x)
+    x = x.to(memory_format=torch.channels_last)
     weight = conv.weight.contiguous(memory_format=torch.channels_last)
     return F.conv2d(x, weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+def conv1d_time_last(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """``conv`` over the time axis of ``x`` laid out ``(B, T, C)``, returned as ``(B, T, C)``.
+
+    On a CPU it runs as a 2-D convolution in channels-last order, which ``(B, T, C)``
+    already is: no transposed copies, and oneDNN's depthwise kernel in that order (the
+    Conformer's 15-tap depthwise convolution over 8 x 83 x 128: forward and backward 1.1 ms
+    against 2.5-2.9 ms through ``conv(x.transpose(1, 2))``, the same values).
+    """
+    if not (_HOST_KERNELS and x.device.type == "cpu" and conv.padding_mode == "zeros"):
+        return conv(x.transpose(1, 2)).transpose(1, 2)
+    weight = conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+    padding = conv.padding if isinstance(conv.padding, str) else (0, conv.padding[0])
+    out = F.conv2d(
+        x.transpose(1, 2).unsqueeze(2),  # (B, C, 1, T), channels-last strides
+        weight,
+        conv.bias,
+        (1, conv.stride[0]),
+        padding,
+        (1, conv.dilation[0]),
+        conv.groups,
+    )
+    return out.squeeze(2).transpose(1, 2)
 
 
 class Dropout(nn.Dropout):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asrfit.models.conformer.config import ConformerCTCConfig, subsampled_frames
-from asrfit.models.dropout import Dropout, attention, conv2d
+from asrfit.models.dropout import Dropout, attention, conv1d_time_last, conv2d
 
 
 class FeedForward(nn.Module):
@@ -131,7 +131,7 @@ class ConvModule(nn.Module):
         x = F.glu(self.pointwise_conv1(self.norm(x)), dim=-1)
         if frame_mask is not None:
             x = x * frame_mask[:, :, None].to(x.dtype)
-        x = self.depthwise_conv(x.transpose(1, 2)).transpose(1, 2)
+        x = conv1d_time_last(self.depthwise_conv, x)
         return self.dropout(self.pointwise_conv2(F.silu(self.conv_norm(x))))
 
 
