@@ -24,7 +24,9 @@ SPEECH_MODEL ?= conformer-ctc-small
 # them (about 14 minutes) fit in the 15; they reached dev CER 9.3 % greedy. On the Intel Xeon host of
 # 2026-11-27 (with the faster CPU dropout) epochs took 95-124 s: 23.9 minutes, dev CER 10.0 %;
 # with no loader worker (the plan's rule for CPU training with cached inputs) 74-91 s: 17.4 minutes,
-# dev CER 9.8 %, test CER 5.9 % with the text 3-gram (docs/benchmarks.md, run J).
+# dev CER 9.8 %, test CER 5.9 % with the text 3-gram (docs/benchmarks.md, run J). With the CPU
+# kernels of bench/cpu_step_kernels.py (1.24x a step) epochs took 56-65 s: 13.2 minutes of
+# training, test CER 5.94 % (run M).
 SPEECH_TRAIN_ARGS ?= --target-batch 8 --epochs 13 --lr 2e-3 --set subsampling_conv_channels=64
 
 .PHONY: demo demo-speech test lint bench clean
