@@ -1,4 +1,4 @@
-"""Dropout, attention with dropout, and strided 2-D convolutions that run fast on a CPU.
+"""Dropout, attention with dropout, and convolutions that run fast on a CPU.
 
 PyTorch's CPU dropout draws one Bernoulli number per element with ``bernoulli_``, one at a
 time from the Mersenne twister; in a training step of the built-in Conformer (6 layers of
@@ -15,9 +15,12 @@ the input times a float mask of zeros and that scale, one multiplication each wa
 keeps that mask: 4 bytes an element, where ``native_dropout`` keeps 1): on a CPU,
 ``torch.where`` over a boolean mask runs several times slower than a multiplication.
 
-A 2-D convolution over many channels (the Conformer's subsampling) runs on oneDNN, whose
-backward copies a channels-first input into channels-last order first; with the weight in
-channels-last order (:func:`conv2d`) oneDNN works in that order throughout and no copy is made.
+Convolutions run on oneDNN. Its backward of a 2-D convolution over many channels (the
+Conformer's subsampling) copies a channels-first input into channels-last order first; with
+input and weight in channels-last order (:func:`conv2d`) it works in that order throughout and
+no copy is made. A depthwise convolution over the time axis of a ``(B, T, C)`` activation (the
+Conformer's convolution module) runs as a channels-last 2-D convolution on it as it lies
+(:func:`conv1d_time_last`), without the transposed copies of ``conv(x.transpose(1, 2))``.
 
 Only CPU tensors take these paths; on a GPU (and when the memory simulator traces a step for
 a GPU on fake CPU tensors: :func:`host_kernels`) the calls are PyTorch's own dropout, fused
