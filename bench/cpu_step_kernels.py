@@ -10,10 +10,11 @@ to the one before, alternate round by round (each round builds each variant's mo
 optimizer afresh from one seed and times its steps after a warm-up step):
 
 1. **before**: the code of 9c22417: dropout as ``torch.where(mask, 0, x) * scale`` over a
-   boolean mask, padding zeroed with ``masked_fill``, the subsampling's convolutions
+   boolean mask, padding zeroed and attention's keys masked with ``masked_fill``, the subsampling's convolutions
    channels-first, PyTorch's default CPU AdamW (a loop over tensors);
-2. **+ float masks**: dropout and padding as one multiplication by a float mask (the same
-   values: the losses must be bit-identical to 1's, and the table says whether they are);
+2. **+ float masks**: dropout and padding as one multiplication by a float mask, and
+   attention's boolean key mask added as 0 / -inf (the same values: the losses must be
+   bit-identical to 1's, and the table says whether they are);
 3. **+ channels-last convolutions**: the subsampling's convolutions, and each block's
    depthwise convolution over time, in channels-last order for oneDNN
    (:func:`asrfit.models.dropout.conv2d`, :func:`~asrfit.models.dropout.conv1d_time_last`);
@@ -44,7 +45,14 @@ from _report import write_section  # noqa: E402
 
 COMMAND = "PYTHONPATH=src .venv/bin/python bench/cpu_step_kernels.py --out docs/benchmarks.md"
 VARIANTS = ("before", "+ float masks", "+ channels-last convolutions", "+ fused AdamW")
-NEW = (D.dropout, L.ConvSubsampling.forward, L.ConvModule.forward, L.conv2d, L.conv1d_time_last)
+NEW = (
+    D.dropout,
+    L.attention,
+    L.ConvSubsampling.forward,
+    L.ConvModule.forward,
+    L.conv2d,
+    L.conv1d_time_last,
+)
 
 
 def _where_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -54,6 +62,15 @@ def _where_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Te
         return F.dropout(x, p, training=True)
     drop, scale = D.drop_mask(x.shape, p, x.device)
     return torch.where(drop, 0.0, x) * scale
+
+
+def _masked_fill_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False):  # noqa: ANN001, ANN202
+    if not D._fast(query, dropout_p) or is_causal:
+        return NEW[1](query, key, value, attn_mask, dropout_p, is_causal)
+    scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-2, -1))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.matmul(D.dropout(scores.softmax(-1), dropout_p), value)
 
 
 def _masked_fill_subsampling(self, features, lengths):  # noqa: ANN001, ANN202
@@ -77,9 +94,11 @@ def _masked_fill_conv_module(self, x, frame_mask):  # noqa: ANN001, ANN202
 
 def _use(variant: int) -> None:
     """Patch the model code to ``VARIANTS[variant]`` (the optimizer is chosen by the caller)."""
-    D.dropout, L.ConvSubsampling.forward, L.ConvModule.forward, L.conv2d, L.conv1d_time_last = NEW
+    (D.dropout, L.attention, L.ConvSubsampling.forward, L.ConvModule.forward, L.conv2d,
+     L.conv1d_time_last) = NEW  # fmt: skip
     if variant < 1:
         D.dropout = _where_dropout
+        L.attention = _masked_fill_attention
         L.ConvSubsampling.forward = _masked_fill_subsampling
         L.ConvModule.forward = _masked_fill_conv_module
     if variant < 2:

@@ -166,13 +166,20 @@ def attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
         )
     scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-2, -1))
+    # boolean masks become additive ones (0 or -inf, the mask's size): the same scores, and
+    # an addition's backward passes the gradient through where masked_fill's runs again
     if is_causal:
         length, source = scores.shape[-2:]
         future = torch.ones(length, source, dtype=torch.bool, device=query.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
+        scores = scores + _additive(future, scores)
     if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        else:
-            scores = scores + attn_mask
+        scores = scores + (
+            _additive(~attn_mask, scores) if attn_mask.dtype == torch.bool else attn_mask
+        )
     return torch.matmul(dropout(scores.softmax(-1), dropout_p), value)
+
+
+def _additive(masked: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``-inf`` where ``masked``, else 0, in ``like``'s dtype (``masked``'s shape)."""
+    zeros = torch.zeros(masked.shape, dtype=like.dtype, device=like.device)
+    return zeros.masked_fill_(masked, float("-inf"))
