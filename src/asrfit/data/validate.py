@@ -41,6 +41,7 @@ from asrfit.profiles.dataset_stats import (
     DURATION_TOLERANCE_RATIO,
     DURATION_TOLERANCE_SECONDS,
     MIN_TRAIN_SECONDS,
+    duration_tolerance,
 )
 from asrfit.utils.io import Pathlike, atomic_write_text
 
@@ -89,7 +90,9 @@ class ValidationPolicy:
 
     def tolerance_seconds(self, header_seconds: float) -> float:
         """The allowed declared-vs-header difference for audio of ``header_seconds``."""
-        return max(self.duration_tolerance_seconds, self.duration_tolerance_ratio * header_seconds)
+        return duration_tolerance(
+            header_seconds, self.duration_tolerance_seconds, self.duration_tolerance_ratio
+        )
 
 
 @dataclass

@@ -38,6 +38,17 @@ DURATION_TOLERANCE_RATIO = 0.02
 the share of the header's duration); beyond, training skips it (``duration_mismatch``,
 :class:`asrfit.data.validate.ValidationPolicy`) and profiling warns."""
 
+
+def duration_tolerance(
+    header_seconds: float,
+    seconds: float = DURATION_TOLERANCE_SECONDS,
+    ratio: float = DURATION_TOLERANCE_RATIO,
+) -> float:
+    """The allowed declared-vs-header difference for audio of ``header_seconds``: the larger
+    of ``seconds`` and ``ratio`` of the header's duration."""
+    return max(seconds, ratio * header_seconds)
+
+
 _SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -227,17 +238,15 @@ def warn_declared_durations(
     whose ``duration`` is wrong sizes buckets for audio that is not there (or misses audio
     that is), and training later skips those utterances (``duration_mismatch``).
     """
-    wrong = []
+    wrong, checked = [], 0
     for u in sample:
         header = headers.get(u.index)
         if header is None or math.isnan(u.duration_seconds):
             continue
-        tolerance = max(
-            DURATION_TOLERANCE_SECONDS, DURATION_TOLERANCE_RATIO * header.duration_seconds
-        )
-        if abs(u.duration_seconds - header.duration_seconds) > tolerance:
+        checked += 1
+        gap = abs(u.duration_seconds - header.duration_seconds)
+        if gap > duration_tolerance(header.duration_seconds):
             wrong.append(u)
-    checked = sum(1 for u in sample if u.index in headers and not math.isnan(u.duration_seconds))
     if wrong:
         u = wrong[0]
         audio = u.audio if isinstance(u.audio, Path) else "its audio"  # or encoded bytes
