@@ -147,7 +147,10 @@ def test_catalog_has_required_gpus() -> None:
 
 @pytest.mark.parametrize("spec", list_gpus(), ids=lambda s: s.name)
 def test_every_catalog_entry_is_consistent(spec: GPUSpec) -> None:
-    assert spec.memory_bytes > 0 and spec.memory_bytes % GiB == 0
+    # nominal capacities are whole GiB; a capacity CUDA reported on a real board (the
+    # entry's notes say so) is the reported byte count
+    measured = "CUDA reports as the board's total" in spec.notes
+    assert spec.memory_bytes > 0 and (measured or spec.memory_bytes % GiB == 0)
     assert spec.fp32_tflops > 0 and spec.fp16_tflops >= spec.fp32_tflops
     assert spec.memory_bandwidth_bytes_per_second > 0
     assert spec.source.title.strip() and spec.source.url.startswith("https://")
