@@ -101,6 +101,29 @@ def test_longest_bucket_agrees_with_a_fresh_two_step_simulation(
     assert fresh == pytest.approx(last.predicted_peak_bytes, rel=0.05)
 
 
+def test_memory_limited_bucket_limits_hold_under_fresh_full_simulations(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
+) -> None:
+    """Independent of the fit (issue 12): each bucket the budget limits is traced again with
+    the full two-step simulator at its limit and one above; the reserved figure a fresh
+    simulation gives (segments included) fits at the limit and not one above."""
+    usable = 1200 * MIB
+    p = plan(_hardware(monkeypatch, usable), dataset, _tiny_config(), target_hours=10.0)
+    adapter = hf_adapter(_tiny_config())
+
+    def fresh(b: Bucket, batch: int) -> int:
+        step = simulate_step(
+            adapter, BatchShape(batch, b.max_input_length, b.max_label_length), p.setup
+        )
+        return predict_cuda(
+            step.peak_bytes, step.peak_segment_bytes, architecture=p.architecture
+        ).reserved_bytes
+
+    checked = [p.buckets[0], p.buckets[len(p.buckets) // 2], p.buckets[-1]]
+    for b in checked:
+        assert fresh(b, b.batch_size) <= usable < fresh(b, b.batch_size + 1), b
+
+
 def test_budget_below_model_states_names_what_was_tried(
     monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
 ) -> None:

@@ -195,8 +195,9 @@ def test_planner_splits_a_transducer_by_labels_and_each_limit_holds_in_a_fresh_s
     makes memory grow with the transcript, so label ranges get larger batches. Each checked
     limit is traced afresh (the real model, two steps, the plan's setup): it fits, and 15 %
     more does not (the label terms come from a chord of a convex peak: never optimistic,
-    and not far off). The traced peak is what is checked; reserved bytes follow from it by
-    the planner's allocator model (expandable segments), as in the plan."""
+    and not far off). The traced peak in allocator segments is what is checked; reserved
+    bytes follow from it by the planner's allocator model (expandable segments), as in the
+    plan."""
     from asrfit.memory.adapters import BatchShape, hf_adapter
     from asrfit.memory.allocator import predict_cuda
     from asrfit.memory.simulate import simulate_step
@@ -234,7 +235,7 @@ def test_planner_splits_a_transducer_by_labels_and_each_limit_holds_in_a_fresh_s
         )
         return predict_cuda(
             step.peak_bytes,
-            step.peak_bytes,
+            step.peak_segment_bytes,
             architecture=p.architecture,
             expandable_segments=p.expandable_segments,
         ).reserved_bytes

@@ -83,9 +83,10 @@ def test_plan_uses_partial_checkpointing_and_says_why(
     ]
     dataset = DatasetProfile.from_manifest(write_manifest(tmp_path / "train.jsonl", rows))
     # a budget where the planner's own choice of optimizer (8-bit AdamW, less state than
-    # the AdamW of the test above) still leaves no-checkpointing batches small: at 300 MiB
-    # none and 1 of 4 layers are within 0.5 % of each other
-    monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: 260 * MIB))
+    # the AdamW of the test above) still leaves no-checkpointing batches small: 1 of 4
+    # layers predicted 2.3 % faster than none at 180 MiB; none faster from 200 MiB (with the
+    # allocator's segments in the memory model; 260 MiB before they were)
+    monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: 180 * MIB))
     p = plan(HardwareProfile.from_name("L4"), dataset, _config(), target_effective_batch=512)
     k = p.setup.checkpoint_layers
     assert 0 < k < LAYERS and f"+ckpt{k} " in p.setup.describe()

@@ -10,7 +10,8 @@ Cost per setup, from traces of **one** step (half the work of two):
 - FLOPs per step ``B*(aT + bT^2 + cU)`` from the same traces (checkpointing's recompute
   included).
 
-The steady peak of a batch is the larger of the two phases. ZeRO and DDP change model
+Peaks are counted in allocator segments (traced bytes plus their rounding), as reserved memory
+is. The steady peak of a batch is the larger of the two phases. ZeRO and DDP change model
 states by formula (:func:`asrfit.memory.zero.shard_breakdown`).
 """
 
@@ -58,8 +59,9 @@ class SetupCosts:
     """Memory and compute of one setup as functions of the batch shape."""
 
     setup: Setup
-    memory: PeakModel  # steady forward/backward peak, traced bytes, unsharded
-    optimizer_peak_bytes: int  # steady optimizer-phase peak, unsharded
+    # steady forward/backward peak, unsharded, in segments (StepMemory.segment_overhead_bytes)
+    memory: PeakModel
+    optimizer_peak_bytes: int  # steady optimizer-phase peak (segments likewise), unsharded
     model_state_bytes: int  # parameters + gradients + optimizer state, unsharded
     sharded_state_bytes: int  # the same after ZeRO/DDP
     flops: PeakModel  # FLOPs of forward + backward
@@ -321,10 +323,9 @@ class CostEstimator:
                 for s in shapes:
                     step = self._simulate(s, base, "activations", False)
                     # Step 1 has no optimizer state during forward/backward (made afterwards).
-                    fwd_bwd = max(
-                        step.phase_peaks_bytes.get("forward", 0),
-                        step.phase_peaks_bytes.get("backward", 0),
-                    )
+                    phases = step.phase_peaks_bytes
+                    fwd_bwd = max(phases.get("forward", 0), phases.get("backward", 0))
+                    fwd_bwd += step.segment_overhead_bytes  # reserved counts segments
                     b, t, u = s.batch_size, s.input_length, s.label_length
                     points.append((b, t, u, fwd_bwd))
                     flop_points.append((b, t, u, max(step.flops, 1)))
@@ -450,10 +451,13 @@ class CostEstimator:
         grad_bytes = gradient_bytes(setup, self.trainable_params)
         states = {"parameters": param_bytes, "gradients": grad_bytes, "optimizer_state": state}
         sharded, _ = shard_breakdown(states, setup, self.trainable_params)
+        optimizer_peak = opt.phase_peaks_bytes.get("optimizer", 0)
+        if opt.peak_phase == "optimizer":  # the peak whose segments the trace counted
+            optimizer_peak += opt.segment_overhead_bytes
         return SetupCosts(
             setup=setup,
             memory=steady,
-            optimizer_peak_bytes=opt.phase_peaks_bytes.get("optimizer", 0),
+            optimizer_peak_bytes=optimizer_peak,
             model_state_bytes=sum(states.values()),
             sharded_state_bytes=sum(sharded.values()),
             offloaded_bytes=offloaded_bytes(states, setup, self.trainable_params),
