@@ -172,8 +172,8 @@ class StepMemory(JsonDataclass):
         """What the allocator's segments hold beyond ``peak_bytes`` (0 where not counted).
 
         The planner fits its memory model with it in: without it, wav2vec2-base's bucket
-        limits on a T4 were 1.5 % over the usable memory by fresh simulations (197 MiB of a
-        12.7 GiB peak, :mod:`asrfit.plan.costs`).
+        limits on a T4 were up to 1.2 % over the usable memory by fresh simulations (197 MiB
+        of segments at a 12.7 GiB peak, :mod:`asrfit.plan.costs`).
         """
         if not self.peak_segment_bytes:
             return 0
