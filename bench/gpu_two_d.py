@@ -322,8 +322,9 @@ def render(plans: dict[str, Any], measured: dict[str, Any]) -> str:
             "between its measured neighbours (in the bracket: every unmeasured bucket at the "
             "smallest or the largest measured ratio, the most each plan could move). Each "
             "measured bucket shape (batch x the bucket's longest duration and the label "
-            "range's upper edge), one timed step after one warm-up step; memory of the timed "
-            "step, counted from an emptied cache before the warm-up:",
+            "range's upper edge), one timed step after one warm-up step; allocated is the "
+            "timed step's peak, reserved what the cache held over both steps (it was emptied "
+            "before the warm-up):",
             "",
             "| plan | seconds | labels | batch | predicted step s | measured step s | "
             "measured / predicted | predicted reserved GiB | measured allocated GiB | "
@@ -369,7 +370,8 @@ def main() -> None:
                 "",
                 f"Plans: `PYTHONPATH=src .venv/bin/python bench/gpu_two_d.py --plan {args.render[0]} "
                 f"--gpu {plans['gpu']}` (CPU, {plans['1d']['plan_seconds']:.0f} + "
-                f"{plans['2d']['plan_seconds']:.0f} s). Measured: `PYTHONPATH=src python3 "
+                f"{plans['2d']['plan_seconds']:.0f} s beside other work). Measured: "
+                "`PYTHONPATH=src python3 "
                 f"bench/gpu_two_d.py --measure {args.render[0]} --out $OUT/two-d.json "
                 "--one-d-every 3 --steps 1 --budget 400` on the GPU"
                 + (
