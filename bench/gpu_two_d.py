@@ -26,6 +26,7 @@ bench/data/gpu-two-d-plans.json --out $OUT/two-d.json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -184,8 +185,7 @@ def measure(
             setup.precision
         )
 
-        def step(batch: dict, parts: tuple = (model, optimizer, autocast)) -> None:
-            _step(adapter, *parts, device, batch)
+        step = functools.partial(_step, adapter, model, optimizer, autocast, device)
 
         # interleave the plans by duration, so a call cut short has both plans' short buckets
         order = sorted(buckets, key=lambda b: (b["seconds"][1], b["labels"][1]))

@@ -168,6 +168,12 @@ class StepMemory(JsonDataclass):
     traced_calls: int = 0
 
     @property
+    def forward_backward_peak_bytes(self) -> int:
+        """The larger of the forward and backward phases' peaks (the batch-dependent part)."""
+        phases = self.phase_peaks_bytes
+        return max(phases.get("forward", 0), phases.get("backward", 0))
+
+    @property
     def segment_overhead_bytes(self) -> int:
         """What the allocator's segments hold beyond ``peak_bytes`` (0 where not counted).
 
@@ -175,6 +181,4 @@ class StepMemory(JsonDataclass):
         limits on a T4 were up to 1.2 % over the usable memory by fresh simulations (197 MiB
         of segments at a 12.7 GiB peak, :mod:`asrfit.plan.costs`).
         """
-        if not self.peak_segment_bytes:
-            return 0
         return max(0, self.peak_segment_bytes - self.peak_bytes)

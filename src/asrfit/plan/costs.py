@@ -323,9 +323,8 @@ class CostEstimator:
                 for s in shapes:
                     step = self._simulate(s, base, "activations", False)
                     # Step 1 has no optimizer state during forward/backward (made afterwards).
-                    phases = step.phase_peaks_bytes
-                    fwd_bwd = max(phases.get("forward", 0), phases.get("backward", 0))
-                    fwd_bwd += step.segment_overhead_bytes  # reserved counts segments
+                    # reserved memory counts segments
+                    fwd_bwd = step.forward_backward_peak_bytes + step.segment_overhead_bytes
                     b, t, u = s.batch_size, s.input_length, s.label_length
                     points.append((b, t, u, fwd_bwd))
                     flop_points.append((b, t, u, max(step.flops, 1)))

@@ -71,9 +71,7 @@ def costs_with_labels(
         return costs
 
     def fwd_bwd(step: Any) -> float:
-        return float(
-            max(step.phase_peaks_bytes.get("forward", 0), step.phase_peaks_bytes.get("backward", 0))
-        )
+        return float(step.forward_backward_peak_bytes)
 
     def slopes(measure: Any, per_utterance: bool = True) -> tuple[float, float]:
         return label_slopes(
