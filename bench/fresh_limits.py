@@ -6,7 +6,7 @@ utterances, in the simulation cache the environment names), then, for the first,
 last bucket whose batch is below ``--target`` (memory, not the target, sets those limits),
 runs the full two-step simulator (``simulate_step``, the plan's setup) at the limit and one
 above. Each prints one JSON line: the reserved figure of each fresh simulation
-(``predict_cuda(peak_bytes, peak_segment_bytes)``), the plan's usable bytes and prediction,
+(``predict_cuda(peak_bytes, segment_bytes(expandable))``, the plan's allocator setting), the plan's usable bytes and prediction,
 and whether the limit holds. The planner's fitted model is not used for the check. To check
 older code, put its ``src`` first on ``PYTHONPATH``.
 """
@@ -67,7 +67,10 @@ def main() -> None:
             step = simulate_step(adapter, shape, p.setup)
             fresh.append(
                 predict_cuda(
-                    step.peak_bytes, step.peak_segment_bytes, architecture=p.architecture
+                    step.peak_bytes,
+                    step.segment_bytes(p.expandable_segments),
+                    architecture=p.architecture,
+                    expandable_segments=p.expandable_segments,
                 ).reserved_bytes
             )
         print(

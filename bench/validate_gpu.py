@@ -106,7 +106,7 @@ def _predict(case: Any) -> tuple[Any, Any]:
     sim = simulate_step(hf_adapter(case.config()), case.batch, case.setup, target="cuda")
     prediction = predict_cuda(
         sim.peak_bytes,
-        sim.peak_segment_bytes,
+        sim.segment_bytes(_expandable()),
         architecture=_architecture(),
         expandable_segments=_expandable(),
     )

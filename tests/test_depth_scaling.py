@@ -156,6 +156,7 @@ def test_scaled_step_matches_the_full_trace(family: str, setup_name: str) -> Non
     for phase, value in full.phase_peaks_bytes.items():
         assert _close(scaled.phase_peaks_bytes[phase], value), phase
     assert _close(scaled.peak_segment_bytes, full.peak_segment_bytes)
+    assert _close(scaled.peak_expandable_bytes, full.peak_expandable_bytes)
     assert _close(scaled.optimizer_state_bytes, full.optimizer_state_bytes)
     assert _close(scaled.flops, full.flops)
     # closed form: fp32 parameters, their gradients (trainable), AdamW's two moments

@@ -235,7 +235,7 @@ def test_planner_splits_a_transducer_by_labels_and_each_limit_holds_in_a_fresh_s
         )
         return predict_cuda(
             step.peak_bytes,
-            step.peak_segment_bytes,
+            step.segment_bytes(p.expandable_segments),
             architecture=p.architecture,
             expandable_segments=p.expandable_segments,
         ).reserved_bytes

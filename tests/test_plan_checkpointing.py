@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from asrfit.memory.adapters import hf_adapter
+from asrfit.memory.cache import model_key
 from asrfit.memory.setup import Setup
 from asrfit.models.conformer import conformer_config
 from asrfit.plan.checkpointing import choose_layers, encoder_layers_of
-from asrfit.plan.costs import CostEstimator, model_key
+from asrfit.plan.costs import CostEstimator
 from asrfit.plan.explain import explain_plan
 from asrfit.plan.search import plan, plan_buckets
 from asrfit.profiles.dataset import DatasetProfile

@@ -17,9 +17,9 @@ from transformers import Wav2Vec2Config
 
 from asrfit.memory import cache
 from asrfit.memory.adapters import BatchShape, StepAdapter
+from asrfit.memory.cache import model_key
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
-from asrfit.plan.costs import model_key
 
 SHAPE = BatchShape(2, 64, 3)
 

@@ -7,11 +7,13 @@ Two predictions, each stating what it includes:
   workspace PyTorch takes from the caching allocator on the first matmul and keeps
   (it is live for the whole run, so it adds to the peak).
 - **reserved** (``torch.cuda.max_memory_reserved``): the segments holding the live blocks
-  at the peak. Blocks of at most 1 MiB share 2 MiB small-pool segments; blocks up to
-  10 MiB come from 20 MiB large-pool segments; bigger blocks get segments rounded up to
-  2 MiB. On top of that, a fragmentation allowance (blocks freed in one phase that cannot
-  be reused for the next phase's shapes). With ``expandable_segments:True`` (asrfit's
-  default) segments grow in place and the allowance is smaller.
+  at the peak. With classic segments, blocks of at most 1 MiB share 2 MiB small-pool
+  segments, blocks up to 10 MiB come from 20 MiB large-pool segments, and bigger blocks get
+  segments rounded up to 2 MiB each. With ``expandable_segments:True`` (asrfit's default)
+  each pool's blocks tile one segment that grows by 2 MiB (small pool) or 20 MiB (large
+  pool) pages, so only each pool's total is rounded. On top of that, a fragmentation
+  allowance (blocks freed in one phase that cannot be reused for the next phase's shapes),
+  smaller with expandable segments.
 
 The **device total** adds the CUDA context (kernels, cuBLAS/cuDNN handles), which
 ``nvidia-smi`` shows but the allocator does not count.
@@ -33,6 +35,13 @@ SMALL_SEGMENT_BYTES = 2 * MIB
 MID_BLOCK_MAX_BYTES = 10 * MIB
 MID_SEGMENT_BYTES = 20 * MIB
 LARGE_ROUND_BYTES = 2 * MIB
+# With expandable_segments:True each pool keeps one segment per stream that grows by mapping
+# pages: 2 MiB pages for the small pool, 20 MiB for the large pool (PyTorch's
+# c10/cuda/CUDACachingAllocator.cpp, "Note [Expandable Segments]").
+SMALL_PAGE_BYTES = 2 * MIB
+LARGE_PAGE_BYTES = 20 * MIB
+#: What expandable segments can hold beyond the live blocks: less than one page per pool.
+EXPANDABLE_PAGES_BOUND_BYTES = SMALL_PAGE_BYTES + LARGE_PAGE_BYTES
 
 # cuBLAS and cuBLASLt workspaces PyTorch allocates through the caching allocator, per
 # stream/handle; configurations differ by architecture. Hopper: 65.0 MiB measured on an
@@ -57,8 +66,27 @@ def segment_bytes(block_sizes: list[int]) -> int:
     return total
 
 
-def segment_overhead_bytes(block_sizes: list[int]) -> int:
-    """Bytes the segments holding ``block_sizes`` take beyond the blocks themselves.
+def expandable_segment_bytes(block_sizes: list[int]) -> int:
+    """Bytes of expandable segments that hold ``block_sizes`` (each already 512-rounded).
+
+    With ``expandable_segments:True`` the blocks of a pool tile one segment per stream, which
+    grows by whole pages, so only each pool's total is rounded: the small pool's (blocks of
+    at most 1 MiB) to 2 MiB pages, the large pool's to 20 MiB pages. No block gets a segment
+    of its own, so nothing is rounded per block (what :func:`segment_bytes` counts for
+    classic segments). Holes between blocks and the remainders the allocator does not split
+    off a reused block (at most 1 MiB each) depend on the order of past allocations: the
+    fragmentation allowance of :func:`reserved_bytes`, not this figure.
+    """
+    small = sum(b for b in block_sizes if b <= SMALL_BLOCK_MAX_BYTES)
+    large = sum(block_sizes) - small
+    return -(-small // SMALL_PAGE_BYTES) * SMALL_PAGE_BYTES + (
+        -(-large // LARGE_PAGE_BYTES) * LARGE_PAGE_BYTES
+    )
+
+
+def segment_overhead_bytes(block_sizes: list[int], *, expandable: bool = False) -> int:
+    """Bytes the segments holding ``block_sizes`` take beyond the blocks themselves
+    (classic segments, :func:`segment_bytes`; with ``expandable``, :func:`expandable_segment_bytes`).
 
     A traced step's segment figure is its peak plus this overhead of the blocks live at the
     peak. Until 2026-11-27 it was :func:`segment_bytes` of those blocks, and the blocks
@@ -68,7 +96,8 @@ def segment_overhead_bytes(block_sizes: list[int]) -> int:
     the peak also keeps the figure at the peak where block counts are extrapolated from
     traces at reduced depth (:mod:`asrfit.memory.depth`).
     """
-    return segment_bytes(block_sizes) - sum(block_sizes)
+    held = expandable_segment_bytes(block_sizes) if expandable else segment_bytes(block_sizes)
+    return held - sum(block_sizes)
 
 
 def _workspace(architecture: str | None) -> int:
@@ -92,6 +121,26 @@ def reserved_bytes(
     frag = FRAGMENTATION_EXPANDABLE if expandable_segments else FRAGMENTATION_CLASSIC
     reserved = int((max(peak_segment_bytes, peak_bytes) + workspace) * (1 + frag))
     return -(-reserved // LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES
+
+
+def reserved_of_fitted_peak(
+    peak_bytes: int, *, architecture: str | None = None, expandable_segments: bool = True
+) -> int:
+    """:func:`reserved_bytes` of a peak from the planner's fitted model.
+
+    The fit counts classic segments' rounding at each traced peak. Expandable segments'
+    pages step by up to 20 MiB as the peak grows (noise to a linear fit, and no trace tells
+    where the next page boundary falls between traced shapes), so the fit leaves them out and
+    their bound (less than one page per pool, :data:`EXPANDABLE_PAGES_BOUND_BYTES`) is added
+    here.
+    """
+    pages = EXPANDABLE_PAGES_BOUND_BYTES if expandable_segments else 0
+    return reserved_bytes(
+        peak_bytes,
+        peak_bytes + pages,
+        architecture=architecture,
+        expandable_segments=expandable_segments,
+    )
 
 
 def peak_within(

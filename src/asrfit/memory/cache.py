@@ -191,3 +191,10 @@ def cached(key: str, compute: Callable[[], StepMemory]) -> StepMemory:
     return _read_through(
         f"{key}.json", StepMemory.load, compute, lambda path, step: step.save(path), (ConfigError,)
     )
+
+
+def model_key(config: object) -> str:
+    """A stable string for a transformers config (its JSON), for cache keys."""
+    to_dict = getattr(config, "to_diff_dict", None) or getattr(config, "to_dict", None)
+    data = to_dict() if to_dict is not None else repr(config)
+    return json.dumps(data, sort_keys=True, default=str)

@@ -407,6 +407,7 @@ def _extrapolate(
         peak_phase=peak_phase,
         largest_transient_bytes=transient.pop(),
         peak_segment_bytes=peak + segment_overhead_bytes(block_sizes),
+        peak_expandable_bytes=peak + segment_overhead_bytes(block_sizes, expandable=True),
         phase_peaks_bytes=phase_peaks,
         optimizer_state_bytes=value("optimizer state", [r.optimizer_state_bytes for r in runs]),
         flops=value("FLOPs", [r.flops for r in runs]),

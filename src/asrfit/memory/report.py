@@ -211,7 +211,7 @@ def simulate(
         hardware.spec.architecture if hardware is not None and hardware.spec is not None else None
     )
     sharded_peak = step.peak_bytes + sum(breakdown.values()) - sum(step.breakdown_bytes.values())
-    segments = step.peak_segment_bytes + sharded_peak - step.peak_bytes
+    segments = step.segment_bytes(expandable_segments) + sharded_peak - step.peak_bytes
     cuda = predict_cuda(
         sharded_peak, segments, architecture=arch, expandable_segments=expandable_segments
     )

@@ -48,7 +48,7 @@ def _category(block: Block) -> str:
 
 def _analyse(
     tracker: StorageTracker, steps: int, detail: dict | None = None
-) -> tuple[int, int, dict[str, int], list[int], str, int, int]:
+) -> tuple[int, int, dict[str, int], list[int], str, int, tuple[int, int], dict[str, int]]:
     """Replay the event log: peaks per step, and the breakdown at the last step's peak."""
     blocks = tracker.log.blocks
     live_rounded = live_raw = 0
@@ -94,7 +94,10 @@ def _analyse(
         step_peaks[1:],
         phase,
         max(transients, default=0),
-        peak + segment_overhead_bytes(sizes),
+        (
+            peak + segment_overhead_bytes(sizes),
+            peak + segment_overhead_bytes(sizes, expandable=True),
+        ),
         phase_peaks,
     )
 
@@ -354,7 +357,8 @@ def simulate_step(
         step_peaks_bytes=step_peaks,
         peak_phase=phase,
         largest_transient_bytes=transient,
-        peak_segment_bytes=segments,
+        peak_segment_bytes=segments[0],
+        peak_expandable_bytes=segments[1],
         phase_peaks_bytes=phase_peaks,
         optimizer_state_bytes=state_bytes,
         flops=tracker.flops - flops_before_last,

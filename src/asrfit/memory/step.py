@@ -134,7 +134,9 @@ class StepMemory(JsonDataclass):
         largest_transient_bytes: Largest kernel workspace accounted inside one op.
         peak_segment_bytes: CUDA allocator segment bytes at the peak: ``peak_bytes`` plus what
             the segments holding the blocks live there take beyond them
-            (:func:`asrfit.memory.allocator.segment_overhead_bytes`).
+            (:func:`asrfit.memory.allocator.segment_overhead_bytes`), classic segments.
+        peak_expandable_bytes: The same with ``expandable_segments:True``, where only each
+            pool's total is rounded to its pages (0 where not counted).
         phase_peaks_bytes: Rounded peak of each phase of the last step (forward, backward,
             optimizer, zero_grad), for cost models that separate batch-dependent phases.
         optimizer_state_bytes: Optimizer state live after the last step (rounded).
@@ -159,6 +161,7 @@ class StepMemory(JsonDataclass):
     peak_phase: str
     largest_transient_bytes: int = 0
     peak_segment_bytes: int = 0
+    peak_expandable_bytes: int = 0
     phase_peaks_bytes: dict[str, int] = field(default_factory=dict)
     optimizer_state_bytes: int = 0
     flops: int = 0
@@ -173,12 +176,18 @@ class StepMemory(JsonDataclass):
         phases = self.phase_peaks_bytes
         return max(phases.get("forward", 0), phases.get("backward", 0))
 
-    @property
-    def segment_overhead_bytes(self) -> int:
-        """What the allocator's segments hold beyond ``peak_bytes`` (0 where not counted).
+    def segment_bytes(self, expandable: bool = True) -> int:
+        """The allocator's segments at the peak: ``peak_expandable_bytes`` with
+        ``expandable_segments:True``, else ``peak_segment_bytes`` (the classic figure stands
+        in where the expandable one was not counted; ``peak_bytes`` where neither was)."""
+        figure = self.peak_expandable_bytes if expandable else 0
+        return max(figure or self.peak_segment_bytes, self.peak_bytes)
+
+    def segment_overhead_bytes(self, expandable: bool = True) -> int:
+        """What the allocator's segments hold beyond ``peak_bytes`` (:meth:`segment_bytes`).
 
         The planner fits its memory model with it in: without it, wav2vec2-base's bucket
         limits on a T4 were up to 1.2 % over the usable memory by fresh simulations (197 MiB
-        of segments at a 12.7 GiB peak, :mod:`asrfit.plan.costs`).
+        of classic segments at a 12.7 GiB peak, :mod:`asrfit.plan.costs`).
         """
-        return max(0, self.peak_segment_bytes - self.peak_bytes)
+        return self.segment_bytes(expandable) - self.peak_bytes

@@ -10,8 +10,8 @@ Cost per setup, from traces of **one** step (half the work of two):
 - FLOPs per step ``B*(aT + bT^2 + cU)`` from the same traces (checkpointing's recompute
   included).
 
-Peaks are counted in allocator segments (traced bytes plus their rounding), as reserved memory
-is. The steady peak of a batch is the larger of the two phases. ZeRO and DDP change model
+Reserved memory counts allocator segments: classic segments' rounding is fitted with each
+traced peak; expandable segments' pages (less than 22 MiB) are added as a bound. The steady peak of a batch is the larger of the two phases. ZeRO and DDP change model
 states by formula (:func:`asrfit.memory.zero.shard_breakdown`).
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from asrfit.memory.allocator import peak_within, reserved_bytes
+from asrfit.memory.allocator import peak_within, reserved_of_fitted_peak
 from asrfit.memory.cache import cache_key, cached, is_cached
 from asrfit.memory.costmodel import PeakModel, fit_peak_model
 from asrfit.memory.roofline import StepCost
@@ -37,9 +37,8 @@ from asrfit.plan.parallel import map_forked, trace_workers
 Request = tuple[BatchShape, Setup, bool, bool]
 
 
-# The tracing code imports torch (1.3 s): it is imported at the first trace, so that a plan
-# whose simulations are all cached never imports it. Module attributes, so that benches and
-# tests can count or replace them.
+# The tracing code imports torch (1.3 s) at the first trace: a plan whose simulations are all
+# cached never imports it. Module attributes, so that benches and tests can replace them.
 def simulate_step(*args: Any, **kwargs: Any) -> StepMemory:
     """:func:`asrfit.memory.simulate.simulate_step`."""
     from asrfit.memory.simulate import simulate_step as trace
@@ -59,7 +58,7 @@ class SetupCosts:
     """Memory and compute of one setup as functions of the batch shape."""
 
     setup: Setup
-    # steady forward/backward peak, unsharded, in segments (StepMemory.segment_overhead_bytes)
+    # steady forward/backward peak, unsharded, in segments (StepMemory.segment_bytes)
     memory: PeakModel
     optimizer_peak_bytes: int  # steady optimizer-phase peak (segments likewise), unsharded
     model_state_bytes: int  # parameters + gradients + optimizer state, unsharded
@@ -84,9 +83,8 @@ class SetupCosts:
     def reserved_bytes(self, batch_size: int, input_length: int, label_length: int) -> int:
         """Predicted ``max_memory_reserved`` per device (see :mod:`asrfit.memory.allocator`)."""
         peak = int(self.traced_peak(batch_size, input_length, label_length))
-        return reserved_bytes(
-            peak, peak, architecture=self.architecture, expandable_segments=self.expandable_segments
-        )
+        arch, expandable = self.architecture, self.expandable_segments
+        return reserved_of_fitted_peak(peak, architecture=arch, expandable_segments=expandable)
 
     def max_batch(
         self, usable_bytes: int, input_length: int, label_length: int, cap: int = 4096
@@ -195,6 +193,8 @@ class CostEstimator:
         self.target = target
         self.simulations = 0
         self.depth_scaling = DEPTH_SCALING
+        # the run's allocator: which segment figure of a trace the fits count
+        self.expandable_segments = True
         self._memo: dict[str, StepMemory] = {}  # this run's traces, also with the cache off
         self._ready: dict[str, StepMemory] = {}  # traced by prefetch's workers, not yet asked for
         self._traced_here = False  # whether this process has traced (imported the model's code)
@@ -324,7 +324,7 @@ class CostEstimator:
                     step = self._simulate(s, base, "activations", False)
                     # Step 1 has no optimizer state during forward/backward (made afterwards).
                     # reserved memory counts segments
-                    fwd_bwd = step.forward_backward_peak_bytes + step.segment_overhead_bytes
+                    fwd_bwd = step.forward_backward_peak_bytes + self._overhead(step)
                     b, t, u = s.batch_size, s.input_length, s.label_length
                     points.append((b, t, u, fwd_bwd))
                     flop_points.append((b, t, u, max(step.flops, 1)))
@@ -351,6 +351,11 @@ class CostEstimator:
                 memory = fit_peak_model(near if len(near) >= 4 else points, never_under=True)
             self._fits[key] = (memory, fit_peak_model(flop_points))
         return self._fits[key]
+
+    def _overhead(self, step: StepMemory) -> int:
+        """Classic segments' rounding at a traced peak, fitted; expandable segments' pages step
+        by 20 MiB, noise to a linear fit: :func:`~asrfit.memory.allocator.reserved_of_fitted_peak`."""
+        return 0 if self.expandable_segments else step.segment_overhead_bytes(False)
 
     def _shape(self, batch_size: int, input_length: int, labels_per_step: float) -> BatchShape:
         """An activation trace's shape (at least the tiny input length; labels by rate)."""
@@ -452,7 +457,7 @@ class CostEstimator:
         sharded, _ = shard_breakdown(states, setup, self.trainable_params)
         optimizer_peak = opt.phase_peaks_bytes.get("optimizer", 0)
         if opt.peak_phase == "optimizer":  # the peak whose segments the trace counted
-            optimizer_peak += opt.segment_overhead_bytes
+            optimizer_peak += self._overhead(opt)
         return SetupCosts(
             setup=setup,
             memory=steady,
@@ -488,10 +493,3 @@ def _activation_base(setup: Setup) -> Setup:
         optimizer=OptimizerKind.SGD,
         freeze_feature_encoder=setup.freeze_feature_encoder,
     )
-
-
-def model_key(config: object) -> str:
-    """A stable string for a transformers config (its JSON), for cache keys."""
-    to_dict = getattr(config, "to_diff_dict", None) or getattr(config, "to_dict", None)
-    data = to_dict() if to_dict is not None else repr(config)
-    return json.dumps(data, sort_keys=True, default=str)

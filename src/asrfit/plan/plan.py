@@ -317,16 +317,16 @@ class Plan(JsonDataclass):
         self, batch_size: int, input_length: int, label_length: int
     ) -> int:
         """Predicted ``max_memory_reserved`` of a padded batch on this plan's setup and GPU."""
-        from asrfit.memory.allocator import predict_cuda
+        from asrfit.memory.allocator import reserved_of_fitted_peak
 
         traced = max(
             self.cost_model.predict(batch_size, input_length, label_length),
             float(self.optimizer_peak_bytes),
         )
         peak = int(traced + self.model_state_offset_bytes)
-        return predict_cuda(
-            peak, peak, architecture=self.architecture, expandable_segments=self.expandable_segments
-        ).reserved_bytes
+        return reserved_of_fitted_peak(
+            peak, architecture=self.architecture, expandable_segments=self.expandable_segments
+        )
 
     def input_length(self, seconds: float) -> int:
         """Model-input length of ``seconds`` of audio."""

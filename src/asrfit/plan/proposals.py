@@ -46,7 +46,7 @@ def reserved_by_simulation(
     step = simulate_step(adapter, batch, setup)
     return predict_cuda(
         step.peak_bytes,
-        step.peak_segment_bytes,
+        step.segment_bytes(expandable),
         architecture=architecture,
         expandable_segments=expandable,
     ).reserved_bytes

@@ -33,6 +33,7 @@ import numpy as np
 
 from asrfit.errors import AsrfitError, ConfigError
 from asrfit.memory.allocator import CUDA_CONTEXT_BYTES
+from asrfit.memory.cache import model_key
 from asrfit.memory.report import CHAR_LABELS_PER_SECOND, resolve_adapter
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.memory.step import SUPPORTED_FAMILIES
@@ -43,7 +44,6 @@ from asrfit.plan.costs import (
     MAX_REFINE_TRACES,
     CostEstimator,
     SetupCosts,
-    model_key,
 )
 from asrfit.plan.data_checks import data_warnings
 from asrfit.plan.data_side import data_decisions, offload_warnings
@@ -280,6 +280,7 @@ def plan(
     tried: list[str] = []
     layers, ckpt_reasons, all_costs = encoder_layers_of(adapter, profile.config), {}, []
     estimator.progress = progress
+    estimator.expandable_segments = expandable_segments
     if progress is not None:
         progress.frames_per_second = rate
         progress.expect(0 if bucketing == "1d" else LABEL_TRACES * SHORTLIST)
