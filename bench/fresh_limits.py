@@ -6,8 +6,8 @@ utterances, in the simulation cache the environment names), then, for the first,
 last bucket whose batch is below ``--target`` (memory, not the target, sets those limits),
 runs the full two-step simulator (``simulate_step``, the plan's setup) at the limit and one
 above. Each prints one JSON line: the reserved figure of each fresh simulation
-(``predict_cuda(peak_bytes, segment_bytes(expandable))``, the plan's allocator setting), the plan's usable bytes and prediction,
-and whether the limit holds. The planner's fitted model is not used for the check. To check
+(``predict_cuda(peak_bytes, segment_bytes(expandable))``, with the plan's allocator
+setting), the plan's usable bytes and prediction, and whether the limit holds. The planner's fitted model is not used for the check. To check
 older code, put its ``src`` first on ``PYTHONPATH``.
 """
 

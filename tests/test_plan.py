@@ -112,10 +112,10 @@ def test_memory_limited_bucket_limits_hold_under_fresh_full_simulations(
     the full two-step simulator at its limit and one above; the reserved figure a fresh
     simulation gives (segments included) fits at the limit and not one above.
 
-    With expandable segments the planner adds the pages' bound (less than 22 MiB) that no
-    trace can place between traced shapes, so one above need not fit only within that bound:
-    at this budget (1.2 GB, the bound 1.8 % of it) the limit can be one short where the
-    pages fall well."""
+    With expandable segments the planner adds the pages' bound (less than 22 MiB), which no
+    trace can place between traced shapes, so the check one above allows for it: one above,
+    with the bound added, does not fit. At this budget (1.2 GB, the bound 1.8 % of it) the
+    limit can be one short of what fits where the pages fall well."""
     usable = 1200 * MIB
     hardware = _hardware(monkeypatch, usable)
     p = plan(hardware, dataset, _tiny_config(), target_hours=10.0, expandable_segments=expandable)

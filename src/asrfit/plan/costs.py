@@ -11,8 +11,9 @@ Cost per setup, from traces of **one** step (half the work of two):
   included).
 
 Reserved memory counts allocator segments: classic segments' rounding is fitted with each
-traced peak; expandable segments' pages (less than 22 MiB) are added as a bound. The steady peak of a batch is the larger of the two phases. ZeRO and DDP change model
-states by formula (:func:`asrfit.memory.zero.shard_breakdown`).
+traced peak; expandable segments' pages (less than 22 MiB) are added as a bound. The steady
+peak of a batch is the larger of the two phases. ZeRO and DDP change model states by formula
+(:func:`asrfit.memory.zero.shard_breakdown`).
 """
 
 from __future__ import annotations
