@@ -54,12 +54,15 @@ class _Wavy:
 
 
 def _reserved(costs: Any, b: int, t: int, u: int) -> int:
-    """Reserved bytes by the allocator's rules (its module doc), written out."""
+    """Reserved bytes by the allocator's rules (its module doc), written out: a fitted peak
+    counts classic segments already; expandable segments' pages add less than one 2 MiB page
+    (small pool) and one 20 MiB page (large pool), added as that bound."""
     mib2 = 2 << 20
     peak = int(costs.traced_peak(b, t, u))
+    pages = (2 << 20) + (20 << 20) if costs.expandable_segments else 0
     workspace = CUBLAS_WORKSPACE_BYTES[costs.architecture or "default"]
     frag = FRAGMENTATION_EXPANDABLE if costs.expandable_segments else FRAGMENTATION_CLASSIC
-    return math.ceil(int((peak + workspace) * (1 + frag)) / mib2) * mib2
+    return math.ceil(int((peak + pages + workspace) * (1 + frag)) / mib2) * mib2
 
 
 def test_setup_max_batch_is_the_largest_reserved_fit_found_by_a_scan() -> None:
