@@ -6,8 +6,8 @@ utterances, in the simulation cache the environment names), then, for the first,
 last bucket whose batch is below ``--target`` (memory, not the target, sets those limits),
 runs the full two-step simulator (``simulate_step``, the plan's setup) at the limit and one
 above. Each prints one JSON line: the reserved figure of each fresh simulation
-(``predict_cuda(peak_bytes, segment_bytes(expandable))``, with the plan's allocator
-setting), the plan's usable bytes and prediction, and whether the limit holds. The planner's fitted model is not used for the check. To check
+(:func:`asrfit.plan.proposals.reserved_by_simulation`, with the plan's allocator setting),
+the plan's usable bytes and prediction, and whether the limit holds. The planner's fitted model is not used for the check. To check
 older code, put its ``src`` first on ``PYTHONPATH``.
 """
 
@@ -34,10 +34,9 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)
 
-    from asrfit.memory.allocator import predict_cuda
     from asrfit.memory.report import resolve_adapter
-    from asrfit.memory.simulate import simulate_step
     from asrfit.memory.step import BatchShape
+    from asrfit.plan.proposals import reserved_by_simulation
     from asrfit.plan.search import plan
     from asrfit.profiles.dataset import DatasetProfile
     from asrfit.profiles.hardware import HardwareProfile
@@ -61,18 +60,16 @@ def main() -> None:
     print("memory-limited buckets", limited, "checked", pick, flush=True)
     for i in pick:
         b = p.buckets[i]
-        fresh = []
-        for batch in (b.batch_size, b.batch_size + 1):
-            shape = BatchShape(batch, b.max_input_length, b.max_label_length)
-            step = simulate_step(adapter, shape, p.setup)
-            fresh.append(
-                predict_cuda(
-                    step.peak_bytes,
-                    step.segment_bytes(p.expandable_segments),
-                    architecture=p.architecture,
-                    expandable_segments=p.expandable_segments,
-                ).reserved_bytes
+        fresh = [
+            reserved_by_simulation(
+                adapter,
+                BatchShape(batch, b.max_input_length, b.max_label_length),
+                p.setup,
+                p.architecture,
+                p.expandable_segments,
             )
+            for batch in (b.batch_size, b.batch_size + 1)
+        ]
         print(
             json.dumps(
                 {

@@ -178,16 +178,18 @@ class StepMemory(JsonDataclass):
 
     def segment_bytes(self, expandable: bool = True) -> int:
         """The allocator's segments at the peak: ``peak_expandable_bytes`` with
-        ``expandable_segments:True``, else ``peak_segment_bytes`` (the classic figure stands
-        in where the expandable one was not counted; ``peak_bytes`` where neither was)."""
-        figure = self.peak_expandable_bytes if expandable else 0
-        return max(figure or self.peak_segment_bytes, self.peak_bytes)
+        ``expandable_segments:True``, else ``peak_segment_bytes`` (``peak_bytes`` where the
+        figure was not counted)."""
+        figure = self.peak_expandable_bytes if expandable else self.peak_segment_bytes
+        return max(figure, self.peak_bytes)
 
     def segment_overhead_bytes(self, expandable: bool = True) -> int:
         """What the allocator's segments hold beyond ``peak_bytes`` (:meth:`segment_bytes`).
 
-        The planner fits its memory model with it in: without it, wav2vec2-base's bucket
-        limits on a T4 were up to 1.2 % over the usable memory by fresh simulations (197 MiB
-        of classic segments at a 12.7 GiB peak, :mod:`asrfit.plan.costs`).
+        The planner fits classic segments' overhead with each traced peak: without it,
+        wav2vec2-base's bucket limits on a T4 were up to 1.2 % over the usable memory by fresh
+        simulations (197 MiB at a 12.7 GiB peak, :mod:`asrfit.plan.costs`). Expandable
+        segments' overhead is bounded instead
+        (:func:`asrfit.memory.allocator.reserved_of_fitted_peak`).
         """
         return self.segment_bytes(expandable) - self.peak_bytes

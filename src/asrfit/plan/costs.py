@@ -59,7 +59,8 @@ class SetupCosts:
     """Memory and compute of one setup as functions of the batch shape."""
 
     setup: Setup
-    # steady forward/backward peak, unsharded, in segments (StepMemory.segment_bytes)
+    # steady forward/backward peak, unsharded; classic segments' rounding included where the
+    # run uses them (CostEstimator._overhead)
     memory: PeakModel
     optimizer_peak_bytes: int  # steady optimizer-phase peak (segments likewise), unsharded
     model_state_bytes: int  # parameters + gradients + optimizer state, unsharded
@@ -194,7 +195,8 @@ class CostEstimator:
         self.target = target
         self.simulations = 0
         self.depth_scaling = DEPTH_SCALING
-        # the run's allocator: which segment figure of a trace the fits count
+        # the run's allocator: what the fits count of a trace's segments, and what its costs'
+        # reserved figure adds (asrfit.memory.allocator.reserved_of_fitted_peak)
         self.expandable_segments = True
         self._memo: dict[str, StepMemory] = {}  # this run's traces, also with the cache off
         self._ready: dict[str, StepMemory] = {}  # traced by prefetch's workers, not yet asked for
@@ -468,6 +470,7 @@ class CostEstimator:
             offloaded_bytes=offloaded_bytes(states, setup, self.trainable_params),
             flops=flops,
             architecture=architecture,
+            expandable_segments=self.expandable_segments,
             time_points=self._time_points.get(
                 (
                     setup.precision,

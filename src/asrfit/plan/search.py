@@ -272,7 +272,6 @@ def plan(
         costs = setup if isinstance(setup, SetupCosts) else estimator.costs(
             setup, max_input, labels_per_second / rate, arch, usable if refined else None, cap
         )
-        costs.expandable_segments = expandable_segments
         args = (durations, usable, rate, labels_per_second, edge_max, batch_cap)
         return costs, plan_buckets(costs, hardware, *args, dataset.num_utterances)
 
