@@ -238,3 +238,29 @@ def test_load_errors_name_the_problem(tmp_path):
     save_checkpoint(tmp_path, model=model, step=2)
     with pytest.raises(ConfigError, match="no optimizer state"):
         load_checkpoint(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1))
+
+
+class _Planted:
+    """A pickled object whose unpickling would run code: it creates ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_carrying_a_pickled_callable_is_refused_before_it_runs(tmp_path):
+    from asrfit.train.checkpoint import read_checkpoint
+
+    marker = tmp_path / "code-ran"
+    planted = tmp_path / "checkpoint-00000001.pt"
+    torch.save({"format_version": 1, "model": {}, "payload": _Planted(marker)}, planted)
+    with pytest.raises(ConfigError, match="refused: it holds objects other than plain data"):
+        read_checkpoint(planted)
+    with pytest.raises(ConfigError, match=str(planted.name)):
+        load_checkpoint(tmp_path, model=nn.Linear(3, 2))
+    assert not marker.exists()
+    # the control: the same file loaded without the guard does run the planted code
+    torch.load(planted, weights_only=False)
+    assert marker.exists()

@@ -205,7 +205,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     """
     import transformers
 
-    from asrfit.train.checkpoint import latest_checkpoint, load_checkpoint
+    from asrfit.train.checkpoint import latest_checkpoint, load_checkpoint, read_checkpoint
     from asrfit.train.components import warmup_schedule
     from asrfit.train.config import TrainingConfig
     from asrfit.train.trainer import MemoryEfficientTrainer
@@ -329,7 +329,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
             logger.info("stage %d starts from %s", stage, previous)
         step, batches_done, trained = trainer.global_step, 0, False
         if resume_from is not None:
-            saved = torch.load(latest_checkpoint(stage_dir / "checkpoints"), map_location="cpu", weights_only=False)
+            saved = read_checkpoint(latest_checkpoint(stage_dir / "checkpoints"))
             step, batches_done = int(saved["step"]), int(saved["extra"].get("batches_in_epoch", 0))
             events.resumed_at(events.offset + step)  # steps.jsonl: the steps after it come again
             if batches_done == 0 and not state.is_scored(stage, step):

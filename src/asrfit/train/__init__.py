@@ -22,6 +22,7 @@ _EXPORTS = {
     "save_checkpoint": "asrfit.train.checkpoint",
     "load_checkpoint": "asrfit.train.checkpoint",
     "latest_checkpoint": "asrfit.train.checkpoint",
+    "read_checkpoint": "asrfit.train.checkpoint",
     "BatchTooLargeError": "asrfit.train.oom",
     "is_oom": "asrfit.train.oom",
     "run_preflight": "asrfit.train.preflight",
@@ -29,7 +30,12 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from asrfit.train.callbacks import AdaptiveMemoryCallback
-    from asrfit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from asrfit.train.checkpoint import (
+        latest_checkpoint,
+        load_checkpoint,
+        read_checkpoint,
+        save_checkpoint,
+    )
     from asrfit.train.components import TrainSummary
     from asrfit.train.monitor import MemoryMonitor
     from asrfit.train.oom import BatchTooLargeError, is_oom
@@ -59,6 +65,7 @@ __all__ = [
     "is_oom",
     "latest_checkpoint",
     "load_checkpoint",
+    "read_checkpoint",
     "run_preflight",
     "save_checkpoint",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import pickle
 import random
 import re
 import time
@@ -57,6 +58,43 @@ def latest_checkpoint(directory: Pathlike) -> Path | None:
     """The checkpoint of the highest step in ``directory``, or None."""
     found = list_checkpoints(directory)
     return found[-1] if found else None
+
+
+def read_checkpoint(path: Pathlike) -> dict[str, Any]:
+    """Read a checkpoint file as plain data, never running code stored in it.
+
+    The file is unpickled with ``torch.load(weights_only=True)``: tensors, numbers, strings,
+    lists and dicts load; a pickled callable, class or any other object is refused before it
+    can run.
+
+    Args:
+        path: A checkpoint file written by :func:`save_checkpoint`.
+
+    Returns:
+        The checkpoint's dict (``model``, ``optimizer``, ``step``, ``extra``, ...).
+
+    Raises:
+        ConfigError: When the file is unreadable, holds anything but plain data, or is not an
+            asrfit checkpoint of this format.
+    """
+    file = Path(path)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ConfigError(
+            f"{file}: refused: it holds objects other than plain data (tensors, numbers, "
+            "strings, lists, dicts), and loading them could run code stored in the file. "
+            "asrfit never writes such checkpoints; delete the file, or resume from a checkpoint "
+            f"you wrote with asrfit.train.save_checkpoint. ({str(exc).splitlines()[0]})"
+        ) from exc
+    except Exception as exc:
+        raise ConfigError(f"{file}: not a readable asrfit checkpoint ({exc}).") from exc
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(
+            f"{file}: not an asrfit checkpoint of format {FORMAT_VERSION}; write it with "
+            "asrfit.train.save_checkpoint."
+        )
+    return state
 
 
 def resolve_checkpoint(path_or_latest: Pathlike, directory: Pathlike | None = None) -> Path:
@@ -245,15 +283,7 @@ def load_checkpoint(
             that was asked for.
     """
     file = resolve_checkpoint(path, directory)
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ConfigError(f"{file}: not a readable asrfit checkpoint ({exc}).") from exc
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(
-            f"{file}: not an asrfit checkpoint of format {FORMAT_VERSION}; write it with "
-            "asrfit.train.save_checkpoint."
-        )
+    state = read_checkpoint(file)
     model.load_state_dict(state["model"])
     for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
         if target is None:
