@@ -34,9 +34,9 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from asrfit.cli import demo, export, gpus, memory, plan, profile, report, train
+    from asrfit.cli import calibrate, demo, export, gpus, memory, plan, profile, report, train
 
-    for module in (profile, demo, gpus, memory, plan, export, train, report):
+    for module in (profile, demo, gpus, calibrate, memory, plan, export, train, report):
         cli.add_command(module.command)
 
 

@@ -25,6 +25,7 @@ from asrfit.memory.step import (
     StepMemory,
 )
 from asrfit.memory.zero import shard_breakdown, unmodelled_step_time
+from asrfit.profiles.calibration import find_calibration
 from asrfit.profiles.host import device_rates, host_rates
 from asrfit.utils.serialization import JsonDataclass
 
@@ -226,7 +227,11 @@ def simulate(
         name = hardware.spec.name if hardware.spec is not None else hardware.source
     step_s = per_second = None
     by_kind: dict[str, float] = {}
-    rates = host_rates() if on_cpu else (device_rates(hardware) if hardware is not None else None)
+    if on_cpu:  # this CPU: its calibration when asrfit calibrate has run here
+        found = find_calibration("cpu")
+        rates = found[0].apply() if found is not None else host_rates()
+    else:
+        rates = device_rates(hardware) if hardware is not None else None
     if rates is not None and step.cost.rows:
         step_s = step_seconds(step.cost, rates)
         per_second = batch.batch_size * seconds / step_s

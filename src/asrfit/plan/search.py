@@ -58,6 +58,7 @@ from asrfit.plan.progress import TraceProgress
 from asrfit.plan.proposals import Shape, nothing_fits_proposals
 from asrfit.plan.screen import refined
 from asrfit.plan.speed import loader_workers, speed_line
+from asrfit.profiles.calibration import calibration_for, rests_on_line
 from asrfit.profiles.host import device_rates
 
 logger = logging.getLogger(__name__)
@@ -249,6 +250,9 @@ def plan(
         # training cuts them into pieces, which the buckets must hold (else the sampler drops them)
         durations, paired = chunked_sample(durations, paired, edge_max)
     usable, margin_reason = applied_margin(int(hardware.usable_bytes), hardware.safety_margin)
+    calibration = calibration_for(hardware)
+    if calibration is not None:  # what real steps here held beyond the trace, kept free
+        usable -= calibration[0].unmodelled_bytes(usable)
     if hardware.num_gpus == 0:
         usable = max(
             0, usable - CUDA_CONTEXT_BYTES
@@ -376,6 +380,7 @@ def plan(
         speed_line(best.costs, device_rates(hardware)),
         f"labels: {labels_per_second:.1f} per second (95th percentile of the dataset's transcripts)",
         margin_reason,
+        rests_on_line(calibration, hardware),
     ]
     if dims == "2d":
         rests_on.append(

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asrfit.profiles.calibration import cpu_model
 from asrfit.profiles.host_kernels import (
     CHAIN,
     MODULE_FACTOR,
@@ -384,7 +385,7 @@ def _measure_once(threads: int | None) -> DeviceRates:
     finally:
         torch.set_num_threads(previous)
     return DeviceRates(
-        name=f"cpu: {threads} threads of {_cpu_model()}",
+        name=f"cpu: {threads} threads of {cpu_model()}",
         matmul_flops_per_second=matmul,
         conv_flops_per_second=conv,
         attention_flops_per_second=attention,
@@ -411,16 +412,6 @@ def _measure_once(threads: int | None) -> DeviceRates:
     )
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def host_cache_dir() -> Path | None:
     """The host-rates cache folder, or None when ``ASRFIT_CACHE_DIR=off``."""
     value = os.environ.get("ASRFIT_CACHE_DIR", "")
@@ -439,7 +430,7 @@ def _cache_file(threads: int) -> Path | None:
         [
             HOST_RATES_VERSION,
             MODULE_FACTOR,
-            _cpu_model(),
+            cpu_model(),
             os.cpu_count(),
             threads,
             torch.__version__,
@@ -479,21 +470,31 @@ def host_rates(threads: int | None = None, *, refresh: bool = False) -> DeviceRa
 
 
 def device_rates(hardware: object | None, threads: int | None = None) -> DeviceRates | None:
-    """Rates for a ``HardwareProfile``: its catalog GPU's, or this CPU's for a cpu-only one.
+    """Rates for a ``HardwareProfile``: this machine's calibration when the profile is this
+    machine and ``asrfit calibrate`` has run here (:mod:`asrfit.profiles.calibration`), else
+    its catalog GPU's, or this CPU's measured rates for a cpu-only one.
 
     Returns:
         The rates, or None for a detected GPU that is not in the catalog (no known peaks).
     """
+    from asrfit.profiles.calibration import calibration_for
     from asrfit.profiles.rates import gpu_rates
 
+    found = calibration_for(hardware, threads) if hardware is not None else None
+    if found is not None:  # this machine's calibration: measured figures, real-step scales
+        calibration, path = found
+        stamp = (str(path), path.stat().st_mtime_ns)
+        if _last_gpu[0] != stamp:  # the planner asks once per bucket it sizes
+            _last_gpu[:] = [stamp, calibration.apply()]
+        return _last_gpu[1]
     if hardware is None or getattr(hardware, "num_gpus", 0) == 0:
         return host_rates(threads)
     spec = getattr(hardware, "spec", None)
     if spec is None:
         return None
-    if _last_gpu[0] is not spec:  # the planner asks once per bucket it sizes
+    if _last_gpu[0] is not spec:
         _last_gpu[:] = [spec, gpu_rates(spec)]
     return _last_gpu[1]
 
 
-_last_gpu: list = [None, None]  # the last catalog entry asked for and its rates
+_last_gpu: list = [None, None]  # the last catalog entry (or calibration file) and its rates

@@ -1,0 +1,125 @@
+"""``asrfit calibrate`` on this CPU: a real file, which the next plan rests on and whose
+measured figures move the plan's limits; the scales' solver against closed-form cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from asrfit.cli.main import cli
+from asrfit.memory.step import BatchShape
+from asrfit.plan.search import plan
+from asrfit.profiles.calibration import Calibration, calibration_path, machine_key
+from asrfit.profiles.dataset import DatasetProfile
+from asrfit.profiles.hardware import HardwareProfile
+from asrfit.testing import write_manifest
+from asrfit.train.calibrate import TimedShape, solve_scales
+
+MIB = 2**20
+
+
+def _shape(measured: float, fixed: float, host: float, arithmetic: float) -> TimedShape:
+    return TimedShape(BatchShape(1, 16000, 10), measured, fixed, host, arithmetic, 0, 0)
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_scales_reproduce_two_measurements_exactly(gpu: bool) -> None:
+    # measured = fixed + 1.7 x host + 0.6 x arithmetic (GPU), 1.7 x fixed + 0.6 x arithmetic (CPU)
+    h, d = 1.7, 0.6
+
+    def shape(fixed: float, host: float, arithmetic: float) -> TimedShape:
+        measured = fixed + h * host + d * arithmetic if gpu else h * fixed + d * arithmetic
+        return _shape(measured, fixed, host, arithmetic)
+
+    got = solve_scales(shape(0.002, 0.010, 0.001), shape(0.002, 0.012, 0.300), gpu)
+    assert got == pytest.approx((h, d), rel=1e-9)
+
+
+def test_scales_fall_back_one_at_a_time_and_stay_in_range() -> None:
+    # the same parts at both shapes: no second equation, so h from the small shape with d = 1
+    small = _shape(0.030, 0.0, 0.010, 0.005)
+    h, d = solve_scales(small, small, gpu=True)
+    assert h == pytest.approx((0.030 - 0.005) / 0.010)
+    assert d == pytest.approx((0.030 - 0.010 * h) / 0.005)
+
+
+@pytest.fixture()
+def cpu_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> HardwareProfile:
+    monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("asrfit.profiles.hardware.detect_devices", lambda: [])
+    import asrfit.profiles.host as host
+
+    host._last_gpu[:] = [None, None]
+    return HardwareProfile.detect()
+
+
+def _dataset(tmp_path: Path) -> DatasetProfile:
+    rows = [
+        {"audio_filepath": f"{i}.wav", "duration": 1.0 + 0.25 * i, "text": "ab " * int(4 + i)}
+        for i in range(24)
+    ]
+    return DatasetProfile.from_manifest(write_manifest(tmp_path / "train.jsonl", rows))
+
+
+def test_calibrate_writes_a_file_that_plans_rest_on_and_its_figures_move_the_limits(
+    cpu_only: HardwareProfile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = CliRunner().invoke(cli, ["calibrate", "--gpu", "cpu", "--model", "conformer-ctc-tiny"])
+    assert result.exit_code == 0, result.output
+    path = calibration_path(machine_key("cpu"))
+    assert path.exists() and str(path.name) in result.output.replace("\n", "")
+    data = json.loads(path.read_text())
+    assert data["device"] == "cpu" and data["model"] == "conformer-ctc-tiny"
+    assert data["seconds"] < 60
+    # the figures come from real steps: the scales reproduce both measured steps
+    small, large = data["measurements"]["steps"]
+    for step in (small, large):
+        predicted = (
+            data["host_scale"] * step["predicted_fixed_seconds"]
+            + data["device_scale"] * step["predicted_arithmetic_seconds"]
+        )
+        assert predicted == pytest.approx(step["measured_seconds"], rel=1e-6)
+
+    # a plan for this machine names the file; limits are memory-bound at 1000 MiB (less the 512 MiB a CPU plan keeps aside)
+    monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: 1000 * MIB))
+    dataset = _dataset(tmp_path)
+    first = plan(cpu_only, dataset, "conformer-ctc-tiny", target_hours=10.0)
+    assert any(str(path) in line for line in first.rests_on)
+
+    # the same real file, with 100 MiB measured above the traced peak: every limit that was
+    # memory-bound comes down, and the plan's usable bytes by exactly that
+    data["unmodelled_peak_bytes"] = 100 * MIB
+    path.write_text(json.dumps(data))
+    second = plan(cpu_only, dataset, "conformer-ctc-tiny", target_hours=10.0)
+    assert first.usable_bytes - second.usable_bytes == 100 * MIB
+    assert any("100 MiB measured above the traced peak" in line for line in second.rests_on)
+    pairs = list(zip(first.buckets, second.buckets, strict=True))
+    assert all(b.batch_size <= a.batch_size for a, b in pairs)
+    assert any(b.batch_size < a.batch_size for a, b in pairs)
+
+    # a slower host (host costs x 3) slows the predicted step of every bucket
+    data["unmodelled_peak_bytes"] = None
+    data["host_scale"] = 3 * data["host_scale"]
+    path.write_text(json.dumps(data))
+    third = plan(cpu_only, dataset, "conformer-ctc-tiny", target_hours=10.0)
+    assert third.predicted_epoch_seconds > first.predicted_epoch_seconds
+
+
+def test_no_calibration_is_said_and_a_catalog_gpu_never_takes_this_machines(
+    cpu_only: HardwareProfile, tmp_path: Path
+) -> None:
+    from asrfit.profiles.calibration import calibration_for, rests_on_line
+
+    assert calibration_for(cpu_only) is None
+    assert "calibration: none for this machine" in rests_on_line(None, cpu_only)
+    t4 = HardwareProfile.resolve("T4")
+    assert calibration_for(t4) is None
+    assert "catalog" in rests_on_line(None, t4)
+
+
+def test_an_out_of_range_scale_is_refused() -> None:
+    with pytest.raises(Exception, match="host_scale"):
+        Calibration(key={"device": "x"}, written="2026", device="cpu", rates={}, host_scale=100.0)
