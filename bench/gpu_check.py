@@ -51,6 +51,8 @@ TIME_LIMIT_SECONDS = 470.0
 # each phase ends by its cumulative share of the time; the boundary search takes what is left
 PHASE_SHARES = {"calibrate": 0.14, "heldout": 0.22, "demo": 0.26, "boundary": 0.38}
 MAX_BATCH = 2048
+SECTION = "gpu-check"
+TITLE = "GPU check: held-out steps, out-of-memory boundaries, calibration, the demo"
 
 
 @dataclass(frozen=True)
@@ -522,6 +524,17 @@ def render(predictions: Path, folder: Path) -> str:
         f"Measured on {meas['gpu']} (torch {meas['torch']}, transformers "
         f"{meas['transformers']}), {meas['started']}; predictions for the catalog {pred['gpu']} "
         f"made before the run (torch {pred['torch']}, transformers {pred['transformers']}).",
+        *(
+            [
+                "",
+                f"The lent machine was not the {pred['gpu']} the predictions name: memory and "
+                "boundaries do not depend on the board within one architecture (same cuBLAS "
+                "workspace, same allocator); the catalog step times do (bandwidth and clocks "
+                "differ), which the calibrated column, measured on this GPU, does not share.",
+            ]
+            if pred["gpu"].split("-")[0] not in meas["gpu"]
+            else []
+        ),
         "",
         "### Held-out steps (no rule was written on them)",
         "",
@@ -622,6 +635,8 @@ def main() -> None:
         "--predictions", type=Path, default=Path("bench/data/gpu-check-predictions.json")
     )
     parser.add_argument("--render", type=Path, help="render the run in this folder")
+    parser.add_argument("--out", type=Path, help="with --render: write the section into this file")
+    parser.add_argument("--commit", default="", help="with --out: the commit the run ran on")
     parser.add_argument("--dry-run", action="store_true", help="tiny cases on this CPU")
     parser.add_argument("--work", type=Path, help="the demo's corpus and run (default: a temp dir)")
     args = parser.parse_args()
@@ -630,7 +645,19 @@ def main() -> None:
     if args.measure:
         measure(args.measure, args.predictions, args.dry_run, args.work)
     if args.render:
-        print(render(args.predictions, args.render))
+        body = render(args.predictions, args.render)
+        print(body)
+        if args.out:
+            from _report import write_section
+
+            command = (
+                "`PYTHONPATH=src HF_HUB_OFFLINE=1 python3 bench/gpu_check.py --measure $OUT/gc` "
+                "on the GPU (its predictions: `PYTHONPATH=src .venv/bin/python bench/gpu_check.py "
+                "--predict bench/data/gpu-check-predictions.json`, committed first); rendered with "
+                f"`python bench/gpu_check.py --render {args.render} --out {args.out}`"
+            )
+            stamp = f"Commit {args.commit or 'unknown'}. Command: {command}."
+            write_section(args.out, SECTION, f"## {TITLE}\n\n{stamp}\n\n{body}")
 
 
 if __name__ == "__main__":
