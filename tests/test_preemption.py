@@ -31,7 +31,16 @@ def _torchrun(out: Path, mode: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", "0", "--rdzv_backend", "c10d",
                "--rdzv_endpoint", "127.0.0.1:0", str(WORKER), str(out), mode]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+    # a session of its own, so that a timeout ends torchrun's workers too
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def _weights(path: Path) -> dict:
@@ -54,12 +63,27 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path
         "checkpoint-00000002.pt", "checkpoint-00000002.pt.sha256"]
     assert not (run / "final.pt").exists()
 
+    _refused_on_one_process(run)
     resumed = _torchrun(run, "resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want, got = _weights(tmp_path / "reference" / "final.pt"), _weights(run / "final.pt")
     assert want.keys() == got.keys()
     for name, value in want.items():
         assert torch.equal(got[name], value), name
+
+
+def _refused_on_one_process(run: Path) -> None:
+    """Resuming the two processes' checkpoint in one process is refused, naming both sizes
+    and what to do; the checkpoint is left as it was."""
+    from _frames import FrameModel
+    from test_ddp import make_data, make_trainer
+
+    data, durations = make_data()
+    before = (run / "checkpoints" / "checkpoint-00000002.pt").read_bytes()
+    trainer = make_trainer(FrameModel(), 4, out_dir=run / "one-process")
+    with pytest.raises(ConfigError, match=r"saved by 2 processes, resumed on 1.*nproc_per_node 2"):
+        trainer.train(data, durations=durations, max_steps=5, resume_from=run / "checkpoints")
+    assert (run / "checkpoints" / "checkpoint-00000002.pt").read_bytes() == before
 
 
 def test_stop_signals_parse_and_refuse_by_name():

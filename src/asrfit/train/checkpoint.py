@@ -339,8 +339,12 @@ def resume_trainer(
     ranks = info.extra.get("ranks", [])
     if len(ranks) != acc.num_processes:
         raise ConfigError(
-            f"{info.path}: saved by {len(ranks)} processes, resumed on {acc.num_processes}; "
-            "exact resume needs the same number."
+            f"{info.path}: saved by {len(ranks)} processes, resumed on {acc.num_processes}: "
+            "each process's data shard, sampler position and random state are in the checkpoint, "
+            f"so exact resume needs the same number. Resume on {len(ranks)} processes "
+            f"(torchrun --nproc_per_node {len(ranks)}, or accelerate launch --num_processes "
+            f"{len(ranks)}), or start a new run from its weights (load_checkpoint(path, model=...) "
+            "without the optimizer and sampler states)."
         )
     if info.plan is not None and trainer.plan is not None:
         from asrfit.plan.plan import Plan
