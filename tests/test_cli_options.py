@@ -117,6 +117,8 @@ BAD_OPTIONS = [
     ("train", ["--plan", "missing-plan.json"], ["--plan", "does not exist"]),
     ("train", ["--dev", "missing-dev.jsonl"], ["--dev", "does not exist"]),
     ("train", ["--progress-every", "0"], ["--progress-every", "x>0"]),
+    ("train", ["--keep-checkpoints", "0"], ["--keep-checkpoints", "x>=1"]),
+    ("train", ["--stop-signals", "SIGKILL"], ["--stop-signals", "'SIGKILL'", "SIGTERM,SIGUSR1"]),
     # a range check is false for NaN: each must still be refused by name
     ("memory", ["--seconds", "nan"], ["--seconds", "'nan' is not a finite number"]),
     ("memory", ["--seconds", "inf"], ["--seconds", "'inf' is not a finite number"]),
