@@ -48,10 +48,12 @@ class DiskFullError(AsrfitError, OSError):
         path: The file that was being written (the files written before it are intact).
         needed_bytes: Bytes the file needs (None where not known beforehand).
         written_bytes: Bytes that had been written when the write failed.
+        reason: The system's words (``"No space left on device"``, ``"File too large"``).
     """
 
     def __init__(self, path: str, needed_bytes: int | None, written_bytes: int, reason: str) -> None:
         self.path, self.needed_bytes, self.written_bytes = path, needed_bytes, written_bytes
+        self.reason = reason
         need = (
             f"it needs {needed_bytes:,} bytes" if needed_bytes is not None
             else f"it needs more than the {written_bytes:,} bytes written"
@@ -62,3 +64,6 @@ class DiskFullError(AsrfitError, OSError):
             "filesystem (or raise the limit: ulimit -f, the quota), then run the same command "
             "with --resume; the files written before are intact."
         )
+
+    def __reduce__(self) -> tuple:  # pickles across processes (data-loader workers)
+        return (type(self), (self.path, self.needed_bytes, self.written_bytes, self.reason))
