@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def _torchrun(out: Path, mode: str) -> subprocess.CompletedProcess:
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:
         try:
-            stdout, stderr = process.communicate(timeout=240)
+            stdout, stderr = process.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
@@ -70,6 +71,21 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path
     assert want.keys() == got.keys()
     for name, value in want.items():
         assert torch.equal(got[name], value), name
+
+
+def test_a_full_disk_on_the_main_process_stops_every_process(tmp_path):
+    """Rank 0 cannot write the step-2 checkpoint (a real file-size limit): it raises
+    DiskFullError naming the file, rank 1 CheckpointWriteError quoting it, and both exit
+    instead of rank 1 waiting for a collective rank 0 never joins."""
+    run = tmp_path / "run"
+    result = _torchrun(run, "full")
+    assert result.returncode != 0
+    errors = [json.loads((run / f"error-rank{r}.json").read_text()) for r in range(2)]
+    assert errors[0]["type"] == "DiskFullError"
+    assert re.search(r"checkpoint-00000002\.pt: not written: .* it needs [\d,]+ bytes", errors[0]["message"])
+    assert errors[1]["type"] == "CheckpointWriteError"
+    assert "step 2" in errors[1]["message"] and errors[0]["message"] in errors[1]["message"]
+    assert not list((run / "checkpoints").iterdir())  # no temporary file, no half checkpoint
 
 
 def _refused_on_one_process(run: Path) -> None:

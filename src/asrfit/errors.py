@@ -41,6 +41,10 @@ class ShapeError(AsrfitError, ValueError):
     """A batch shape cannot run (for example labels longer than the CTC frames allow)."""
 
 
+class CheckpointWriteError(AsrfitError, OSError):
+    """Another process (the main one, which writes checkpoints) failed to write one."""
+
+
 class DiskFullError(AsrfitError, OSError):
     """A file could not be written: the disk is full, or a quota or file-size limit was hit.
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asrfit.errors import ConfigError
+from asrfit.errors import CheckpointWriteError, ConfigError
 from asrfit.train.checkpoint_files import (
     CHECKPOINT_PATTERN,
     FORMAT_VERSION,
@@ -278,7 +278,9 @@ def save_trainer_checkpoint(trainer: TrainerLike) -> Path | None:
     """Checkpoint a trainer's current step (see :meth:`MemoryEfficientTrainer.save_checkpoint`).
 
     The per-process parts (sampler position, RNG states) of every process are gathered into
-    the one file the main process writes.
+    the one file the main process writes. When that write fails (a full disk), every process
+    raises: the main one its error, the others :class:`~asrfit.errors.CheckpointWriteError`
+    quoting it.
     """
     if trainer.checkpoint_dir is None:
         raise ConfigError("save_checkpoint: the trainer has no out_dir to write to.")
@@ -291,25 +293,38 @@ def save_trainer_checkpoint(trainer: TrainerLike) -> Path | None:
         from accelerate.utils import gather_object
 
         ranks = gather_object(ranks)
-    path = None
+    path, failure = None, None
     if acc.is_main_process:
-        path = save_checkpoint(
-            trainer.checkpoint_dir,
-            model=trainer.unwrapped_model,
-            step=trainer.global_step,
-            epoch=trainer.epoch,
-            optimizer=getattr(trainer.optimizer, "optimizer", trainer.optimizer),
-            scheduler=trainer.scheduler,
-            scaler=acc.scaler,
-            config=trainer.config,
-            plan=trainer.plan,
-            extra={"batches_in_epoch": trainer.batches_in_epoch, "ranks": ranks,
-                   "nonfinite": trainer.nonfinite.state_dict(),
-                   "micro_limits": trainer.micro_limits.state_dict(),
-                   "epoch_loss": [float(trainer.epoch_loss_total), int(trainer.epoch_units_total)]},
-            keep_last=trainer.keep_last,
-        )
-    acc.wait_for_everyone()
+        try:
+            path = save_checkpoint(
+                trainer.checkpoint_dir,
+                model=trainer.unwrapped_model,
+                step=trainer.global_step,
+                epoch=trainer.epoch,
+                optimizer=getattr(trainer.optimizer, "optimizer", trainer.optimizer),
+                scheduler=trainer.scheduler,
+                scaler=acc.scaler,
+                config=trainer.config,
+                plan=trainer.plan,
+                extra={"batches_in_epoch": trainer.batches_in_epoch, "ranks": ranks,
+                       "nonfinite": trainer.nonfinite.state_dict(),
+                       "micro_limits": trainer.micro_limits.state_dict(),
+                       "epoch_loss": [float(trainer.epoch_loss_total), int(trainer.epoch_units_total)]},
+                keep_last=trainer.keep_last,
+            )
+        except Exception as exc:  # raised below, after every process has been told
+            failure = exc
+    if acc.num_processes > 1:  # the others wait for the outcome, instead of a collective that never comes
+        from accelerate.utils import broadcast_object_list
+
+        told = broadcast_object_list([None if failure is None else f"{type(failure).__name__}: {failure}"])[0]
+        if failure is None and told is not None:
+            raise CheckpointWriteError(
+                f"process {acc.process_index}: the main process could not write the checkpoint of "
+                f"step {trainer.global_step} in {trainer.checkpoint_dir}, so every process stops: {told}"
+            )
+    if failure is not None:
+        raise failure
     return path
 
 
