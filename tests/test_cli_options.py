@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -117,6 +118,8 @@ BAD_OPTIONS = [
     ("train", ["--plan", "missing-plan.json"], ["--plan", "does not exist"]),
     ("train", ["--dev", "missing-dev.jsonl"], ["--dev", "does not exist"]),
     ("train", ["--progress-every", "0"], ["--progress-every", "x>0"]),
+    ("train", ["--keep-checkpoints", "0"], ["--keep-checkpoints", "x>=1"]),
+    ("train", ["--stop-signals", "SIGKILL"], ["--stop-signals", "'SIGKILL'", "SIGTERM,SIGUSR1"]),
     # a range check is false for NaN: each must still be refused by name
     ("memory", ["--seconds", "nan"], ["--seconds", "'nan' is not a finite number"]),
     ("memory", ["--seconds", "inf"], ["--seconds", "'inf' is not a finite number"]),
@@ -288,3 +291,24 @@ def test_demo_data_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "train split" in json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 128 + signal.SIGUSR1)])
+def test_train_stopped_by_a_signal_exits_128_plus_its_number(
+    signum: int, status: int, manifest: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asrfit.recipes.run as run
+    from asrfit.train.interrupt import TrainingInterrupted
+
+    seen = {}
+
+    def stopped(cfg, listeners=None):
+        seen["cfg"] = cfg
+        raise TrainingInterrupted(3, tmp_path / "checkpoint-00000003.pt", signum)
+
+    monkeypatch.setattr(run, "train_asr", stopped)
+    args = [*_train(manifest, tmp_path), "--stop-signals", "SIGTERM,SIGUSR1", "--keep-checkpoints", "3"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == status, result.output
+    assert "after step 3" in result.output and "--resume" in result.output
+    assert seen["cfg"].stop_signals == "SIGTERM,SIGUSR1" and seen["cfg"].keep_checkpoints == 3

@@ -39,3 +39,35 @@ class UnsupportedModelError(AsrfitError, TypeError):
 
 class ShapeError(AsrfitError, ValueError):
     """A batch shape cannot run (for example labels longer than the CTC frames allow)."""
+
+
+class CheckpointWriteError(AsrfitError, OSError):
+    """Another process (the main one, which writes checkpoints) failed to write one."""
+
+
+class DiskFullError(AsrfitError, OSError):
+    """A file could not be written: the disk is full, or a quota or file-size limit was hit.
+
+    Attributes:
+        path: The file that was being written (the files written before it are intact).
+        needed_bytes: Bytes the file needs (None where not known beforehand).
+        written_bytes: Bytes that had been written when the write failed.
+        reason: The system's words (``"No space left on device"``, ``"File too large"``).
+    """
+
+    def __init__(self, path: str, needed_bytes: int | None, written_bytes: int, reason: str) -> None:
+        self.path, self.needed_bytes, self.written_bytes = path, needed_bytes, written_bytes
+        self.reason = reason
+        need = (
+            f"it needs {needed_bytes:,} bytes" if needed_bytes is not None
+            else f"it needs more than the {written_bytes:,} bytes written"
+        )
+        super().__init__(
+            f"{path}: not written: the disk is full or a file-size limit was reached ({reason}) "
+            f"after {written_bytes:,} bytes; {need}. Free at least that much space on its "
+            "filesystem (or raise the limit: ulimit -f, the quota), then run the same command "
+            "with --resume; the files written before are intact."
+        )
+
+    def __reduce__(self) -> tuple:  # pickles across processes (data-loader workers)
+        return (type(self), (self.path, self.needed_bytes, self.written_bytes, self.reason))

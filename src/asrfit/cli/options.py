@@ -128,6 +128,17 @@ def parse_overrides(
     return out
 
 
+def check_stop_signals(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--stop-signals``: comma-separated signal names ("SIGTERM,SIGUSR1"), or "none"."""
+    from asrfit.train.interrupt import parse_stop_signals
+
+    try:
+        parse_stop_signals(value)
+    except AsrfitError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return value
+
+
 def check_save_every(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """``--save-every``: steps ("500") or minutes ("30m"); "0" for epoch ends only."""
     from asrfit.recipes.run_safety import parse_save_every

@@ -14,6 +14,7 @@ from asrfit.cli.options import (
     STAGES,
     FiniteFloatRange,
     check_save_every,
+    check_stop_signals,
     parse_overrides,
 )
 from asrfit.cli.render import console, print_json, rows_table
@@ -112,6 +113,22 @@ from asrfit.cli.render import console, print_json, rows_table
     "position; every epoch end too. 0: epoch ends only.",
 )
 @click.option(
+    "--keep-checkpoints",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Checkpoints kept per stage; each has a SHA-256 file, and --resume falls back to the "
+    "previous one when the newest is damaged.",
+)
+@click.option(
+    "--stop-signals",
+    default="SIGTERM,SIGUSR1",
+    show_default=True,
+    callback=check_stop_signals,
+    help="Signals that, like Ctrl-C, stop after the step in progress with a checkpoint and "
+    "exit with 128 + the signal's number (143 for SIGTERM); 'none' for none.",
+)
+@click.option(
     "--max-skipped",
     type=FiniteFloatRange(0, 1),
     default=0.05,
@@ -170,6 +187,8 @@ def command(
     resume: bool,
     seed: int,
     save_every: str,
+    keep_checkpoints: int,
+    stop_signals: str,
     max_skipped: float,
     duration_tolerance: float,
     max_seconds: float | None,
@@ -217,6 +236,8 @@ def command(
         resume=resume,
         push_to_hub=push_to_hub,
         save_every=save_every,
+        keep_checkpoints=keep_checkpoints,
+        stop_signals=stop_signals,
         max_skipped=max_skipped,
         duration_tolerance=duration_tolerance,
         max_seconds=max_seconds,
@@ -236,10 +257,10 @@ def command(
 
     try:
         report = train_asr(cfg, listeners=[display])
-    except TrainingInterrupted as stop:  # Ctrl-C: the step was kept; say how to go on
+    except TrainingInterrupted as stop:  # Ctrl-C or a stop signal: the step was kept
         display.on_train_end()
         click.echo(f"{out_dir}: {stop}", err=True)
-        raise SystemExit(130) from None
+        raise SystemExit(stop.exit_status) from None
     finally:
         display.on_train_end()
     if as_json:

@@ -147,6 +147,72 @@ def _write(out: Path, files: dict[str, str], maps: dict[str, dict[str, Any]]) ->
     return written
 
 
+_SAFE_LOADS: dict[str, str] = {
+    "asrfit_conformer": (
+        "from asrfit.models.char_tokenizer import CharCTCTokenizer\n"
+        "from asrfit.models.conformer import ConformerForCTC\n"
+        "from asrfit.models.conformer.feature_extraction import ConformerFeatureExtractor\n\n"
+        "model = ConformerForCTC.from_pretrained(folder)\n"
+        "features = ConformerFeatureExtractor.from_pretrained(folder)\n"
+        "tokenizer = CharCTCTokenizer.from_pretrained(folder)\n"
+    ),
+    "ctc": (
+        "from transformers import AutoFeatureExtractor, AutoModelForCTC\n"
+        "from asrfit.models.char_tokenizer import CharCTCTokenizer\n\n"
+        "model = AutoModelForCTC.from_pretrained(folder)  # transformers' own class\n"
+        "features = AutoFeatureExtractor.from_pretrained(folder)\n"
+        "tokenizer = CharCTCTokenizer.from_pretrained(folder)\n"
+    ),
+    "seq2seq": (
+        "from transformers import AutoFeatureExtractor, AutoModelForSpeechSeq2Seq\n"
+        "from asrfit.models.char_tokenizer import CharSeq2SeqTokenizer\n\n"
+        "model = AutoModelForSpeechSeq2Seq.from_pretrained(folder)  # transformers' own class\n"
+        "features = AutoFeatureExtractor.from_pretrained(folder)\n"
+        "tokenizer = CharSeq2SeqTokenizer.from_pretrained(folder)\n"
+    ),
+}
+
+
+def write_model_card(folder: Pathlike, kind: str) -> Path:
+    """Write ``README.md`` into a saved model folder: what it holds, which of its files are
+    code that ``trust_remote_code=True`` runs, and how to load it without running them.
+
+    Args:
+        folder: A model folder with its weights (``model.safetensors``) and any code files.
+        kind: ``"asrfit_conformer"`` (the built-in Conformer, its code in the folder),
+            ``"ctc"`` (a transformers CTC model with the character tokenizer's code) or
+            ``"seq2seq"`` (Whisper with it).
+
+    Returns:
+        The card's path.
+
+    Raises:
+        ConfigError: On another ``kind``.
+    """
+    if kind not in _SAFE_LOADS:
+        raise ConfigError(f"write_model_card: kind={kind!r}; give one of {sorted(_SAFE_LOADS)}.")
+    out = Path(folder)
+    code = sorted(p.name for p in out.glob("*.py"))
+    weights = sorted(p.name for p in out.glob("*.safetensors"))
+    listing = "\n".join(f"- `{name}`" for name in code) or "- (none)"
+    text = (
+        "---\nlibrary_name: transformers\npipeline_tag: automatic-speech-recognition\n"
+        f"tags:\n- asrfit\n---\n\n# Speech recogniser trained with asrfit {__version__}\n\n"
+        f"Weights: {', '.join(f'`{w}`' for w in weights)} (safetensors: loading them runs no "
+        "code). `plan.json` is the memory plan it trained with; `scores.json` its dev scores.\n\n"
+        "## Remote code\n\nThese files are Python code, copied from asrfit, that transformers "
+        "imports and runs when the folder is loaded with `trust_remote_code=True` (the `auto_map` "
+        "entries of the config files point at them):\n\n"
+        f"{listing}\n\nRead them before trusting them, or load the folder without running "
+        "any of them: with asrfit installed (`pip install asrfit`), asrfit's own classes read "
+        "the same files (the weights from safetensors, the rest from JSON):\n\n"
+        f"```python\nfolder = \"path/to/this/folder\"\n{_SAFE_LOADS[kind]}```\n\n"
+        "Without asrfit, the folder loads only with `trust_remote_code=True`, which runs the "
+        "files listed above.\n"
+    )
+    return atomic_write_text(out / "README.md", text)
+
+
 def write_remote_code(folder: Pathlike) -> list[Path]:
     """Copy the built-in Conformer's code into a saved model ``folder`` and add the ``auto_map``
     entries to its ``config.json``, ``preprocessor_config.json`` and ``tokenizer_config.json``.

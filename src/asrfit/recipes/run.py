@@ -205,7 +205,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     """
     import transformers
 
-    from asrfit.train.checkpoint import latest_checkpoint, load_checkpoint, read_checkpoint
+    from asrfit.train.checkpoint import latest_good_checkpoint, load_checkpoint, read_checkpoint
     from asrfit.train.components import warmup_schedule
     from asrfit.train.config import TrainingConfig
     from asrfit.train.trainer import MemoryEfficientTrainer
@@ -280,6 +280,11 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     trainer: Any = None
 
     def score(stage: int, loss: float, wall: float, audio: float) -> None:
+        if state.is_scored(stage, trainer.global_step):
+            # resumed from a checkpoint before an epoch already scored (a damaged newer one
+            # passed over): that epoch was trained again to the same weights; its record stands
+            logger.info("stage %d step %d: already scored before the resume", stage, trainer.global_step)
+            return
         # numbered from 1; an epoch that --max-steps cut short has not moved trainer.epoch on
         into = trainer.batches_in_epoch / max(1, len(sampler))
         epoch = trainer.epoch + (1 if into else 0)
@@ -307,7 +312,8 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         training = TrainingConfig.from_plan(plan, learning_rate=lr, num_train_epochs=cfg.epochs)
         trainer = MemoryEfficientTrainer(asr.model, training, plan=plan, out_dir=stage_dir,
                                          loss_fn=asr.loss_fn, units_fn=asr.units_fn,
-                                         seed=cfg.seed, progress=False, keep_last=2,
+                                         seed=cfg.seed, progress=False, keep_last=cfg.keep_checkpoints,
+                                         stop_signals=cfg.stop_signals,
                                          save_every_steps=save_steps, save_every_minutes=save_minutes,
                                          listeners=[events])
         sampler = trainer.make_sampler(subset, durations=durations, label_lengths=labels)
@@ -321,15 +327,13 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, total // 10)
         inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
         trainer.scheduler = warmup_schedule(inner, warmup, total)
-        resume_from = None
-        if cfg.resume and latest_checkpoint(stage_dir / "checkpoints") is not None:
-            resume_from = "latest"
-        elif previous is not None:
+        resume_from = latest_good_checkpoint(stage_dir / "checkpoints") if cfg.resume else None
+        if resume_from is None and previous is not None:
             load_checkpoint(previous, model=trainer.unwrapped_model)
             logger.info("stage %d starts from %s", stage, previous)
         step, batches_done, trained = trainer.global_step, 0, False
         if resume_from is not None:
-            saved = read_checkpoint(latest_checkpoint(stage_dir / "checkpoints"))
+            saved = read_checkpoint(resume_from)
             step, batches_done = int(saved["step"]), int(saved["extra"].get("batches_in_epoch", 0))
             events.resumed_at(events.offset + step)  # steps.jsonl: the steps after it come again
             if batches_done == 0 and not state.is_scored(stage, step):
@@ -338,7 +342,8 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
                 trainer.global_step, trainer.epoch = step, int(saved["epoch"])
                 logger.warning("stage %d step %d: its epoch was not scored before the run stopped; "
                                "scoring it now", stage, step)
-                score(stage, math.nan, 0.0, 0.0)
+                loss_total, units_total = saved["extra"].get("epoch_loss", (math.nan, 1))
+                score(stage, loss_total / units_total if units_total else math.nan, 0.0, 0.0)
             if step >= total:  # the stage had finished: take its weights and move on
                 trainer.unwrapped_model.load_state_dict(saved["model"])
             del saved
@@ -351,10 +356,11 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
             peak = max(peak, summary.peak_memory_bytes)
             audio_seconds += summary.audio_seconds
             train_seconds += summary.wall_seconds
-            score(stage, summary.mean_loss, summary.wall_seconds, summary.audio_seconds)
+            # the epoch's mean loss, the steps before a resume included
+            score(stage, trainer.epoch_mean_loss, summary.wall_seconds, summary.audio_seconds)
         nonfinite += trainer.nonfinite.skipped_steps
         # a stage that had finished before a resume keeps its checkpoint as it is
-        previous = trainer.save_checkpoint() if trained else latest_checkpoint(stage_dir / "checkpoints")
+        previous = trainer.save_checkpoint() if trained else latest_good_checkpoint(stage_dir / "checkpoints")
     events.on_train_end()
     test = None
     if cfg.test is not None:

@@ -13,6 +13,7 @@ from asrfit.data.validate import ValidationPolicy
 from asrfit.errors import ConfigError
 from asrfit.recipes.evaluate import EvalResult
 from asrfit.recipes.run_safety import parse_save_every
+from asrfit.train.interrupt import parse_stop_signals
 from asrfit.utils.serialization import JsonDataclass
 
 
@@ -52,6 +53,10 @@ class RunConfig(JsonDataclass):
         save_every: Checkpoint every N steps ("500") or minutes ("30m"); every epoch end too.
         max_seconds: Chunk (or, with a plan that says so, filter) audio above this. (Default:
             the long-audio rule, :func:`long_audio_cap_seconds`)
+        keep_checkpoints: Checkpoints kept per stage, newest first (resume falls back to an
+            older one when the newest fails its checksum). (Default: 2)
+        stop_signals: Signals that, like Ctrl-C, stop training after the step in progress
+            with a checkpoint; comma-separated names, or "none". (Default: SIGTERM,SIGUSR1)
     """
 
     model: str
@@ -82,9 +87,17 @@ class RunConfig(JsonDataclass):
     duration_tolerance: float = 0.1
     save_every: str = "30m"
     max_seconds: float | None = None
+    keep_checkpoints: int = 2
+    stop_signals: str = "SIGTERM,SIGUSR1"
 
     def __post_init__(self) -> None:
         parse_save_every(self.save_every)
+        parse_stop_signals(self.stop_signals)
+        if self.keep_checkpoints < 1:
+            raise ConfigError(
+                f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (2 lets a resume "
+                "fall back to the previous checkpoint when the newest is damaged)."
+            )
         ValidationPolicy(max_skipped_fraction=self.max_skipped, duration_tolerance_seconds=self.duration_tolerance)
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ConfigError(f"max_seconds={self.max_seconds}: give a positive number of seconds.")

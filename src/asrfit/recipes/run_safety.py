@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from asrfit.data.text import CharVocabulary
-from asrfit.errors import ConfigError
-from asrfit.models.hub import write_remote_code, write_tokenizer_code
+from asrfit.errors import ConfigError, DiskFullError
+from asrfit.models.hub import write_model_card, write_remote_code, write_tokenizer_code
 from asrfit.plan.long_audio import long_audio_cap_seconds
-from asrfit.utils.io import atomic_write_text
+from asrfit.utils.io import atomic_write_text, disk_full_reason
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ def recover_best(best: Path) -> None:
 def save_best(model: Any, vocab: Any, plan: Any, out: Path, scores: dict[str, Any]) -> None:
     """Write the model folder and its score together, atomically: build it beside, then swap it
     in. ``scores.json`` is written last, so a folder without it is incomplete
-    (:func:`recover_best` tells). ``model`` is an :class:`~asrfit.recipes.asr_model.ASRModel`,
+    (:func:`recover_best` tells); a write that fails (a full disk: :class:`DiskFullError`
+    naming the folder and the bytes its weights need) removes the half-built folder and
+    leaves the previous best as it was. ``model`` is an :class:`~asrfit.recipes.asr_model.ASRModel`,
     ``vocab`` its text codec. The built-in Conformer's folder also gets the model's code
     (:func:`~asrfit.models.hub.write_remote_code`), so it loads without asrfit; another CTC
     model with the character vocabulary gets the tokenizer's (``write_tokenizer_code``), so
@@ -75,22 +77,42 @@ def save_best(model: Any, vocab: Any, plan: Any, out: Path, scores: dict[str, An
     (the encoder-decoder variant: no merging of repeats)."""
     tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.model.save_pretrained(tmp)
-    vocab.save(tmp)
-    model.frontend.save(tmp)
-    if model.family == "asrfit_conformer":  # its code too: loads without asrfit
-        write_remote_code(tmp)
-    elif model.is_ctc and isinstance(vocab, CharVocabulary):
-        write_tokenizer_code(tmp)
-    elif model.family == "whisper" and isinstance(vocab, CharVocabulary):
-        write_tokenizer_code(tmp, seq2seq=True)  # decodes without CTC's merging
-    plan.save(tmp / "plan.json")
-    atomic_write_text(tmp / "scores.json", json.dumps(scores))
+    try:
+        _write_model_folder(model, vocab, plan, tmp)
+        atomic_write_text(tmp / "scores.json", json.dumps(scores))
+    except BaseException as exc:
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
+        shutil.rmtree(tmp, ignore_errors=True)  # the previous best stays as it was
+        reason = disk_full_reason(exc)
+        if reason is None:
+            raise
+        needed = sum(t.numel() * t.element_size() for t in model.model.state_dict().values())
+        raise DiskFullError(str(out), needed, written, reason) from exc
     if out.exists():
         shutil.rmtree(old, ignore_errors=True)
         out.rename(old)
     tmp.rename(out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_model_folder(model: Any, vocab: Any, plan: Any, folder: Path) -> None:
+    """The files of :func:`save_best` but its score: weights (safetensors), configs, code, plan."""
+    model.model.save_pretrained(folder, safe_serialization=True)
+    vocab.save(folder)
+    model.frontend.save(folder)
+    card = None
+    if model.family == "asrfit_conformer":  # its code too: loads without asrfit
+        write_remote_code(folder)
+        card = "asrfit_conformer"
+    elif model.is_ctc and isinstance(vocab, CharVocabulary):
+        write_tokenizer_code(folder)
+        card = "ctc"
+    elif model.family == "whisper" and isinstance(vocab, CharVocabulary):
+        write_tokenizer_code(folder, seq2seq=True)  # decodes without CTC's merging
+        card = "seq2seq"
+    if card is not None:  # README.md: the code files, and how to load without running them
+        write_model_card(folder, card)
+    plan.save(folder / "plan.json")
 
 
 def write_clean_manifest(utterances: Sequence[Any], path: Path) -> Path:

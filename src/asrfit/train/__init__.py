@@ -23,6 +23,8 @@ _EXPORTS = {
     "load_checkpoint": "asrfit.train.checkpoint",
     "latest_checkpoint": "asrfit.train.checkpoint",
     "read_checkpoint": "asrfit.train.checkpoint",
+    "latest_good_checkpoint": "asrfit.train.checkpoint",
+    "TrainingInterrupted": "asrfit.train.interrupt",
     "BatchTooLargeError": "asrfit.train.oom",
     "is_oom": "asrfit.train.oom",
     "run_preflight": "asrfit.train.preflight",
@@ -32,11 +34,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from asrfit.train.callbacks import AdaptiveMemoryCallback
     from asrfit.train.checkpoint import (
         latest_checkpoint,
+        latest_good_checkpoint,
         load_checkpoint,
         read_checkpoint,
         save_checkpoint,
     )
     from asrfit.train.components import TrainSummary
+    from asrfit.train.interrupt import TrainingInterrupted
     from asrfit.train.monitor import MemoryMonitor
     from asrfit.train.oom import BatchTooLargeError, is_oom
     from asrfit.train.preflight import run_preflight
@@ -62,8 +66,10 @@ __all__ = [
     "MemoryEfficientTrainer",
     "MemoryMonitor",
     "TrainSummary",
+    "TrainingInterrupted",
     "is_oom",
     "latest_checkpoint",
+    "latest_good_checkpoint",
     "load_checkpoint",
     "read_checkpoint",
     "run_preflight",

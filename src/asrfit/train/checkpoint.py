@@ -1,9 +1,7 @@
 """Checkpoints that resume exactly: model, optimizer, scheduler, scaler, sampler, RNG, config, plan.
 
-One checkpoint is one file, ``<dir>/checkpoint-<step:08d>.pt``, written through a temporary
-file in the same folder and renamed (a crash leaves the previous checkpoint whole). Only the
-last ``keep_last`` are kept. Everything in it is plain data (tensors, numbers, strings, lists,
-dicts), so it loads with ``torch.load(weights_only=True)``.
+The files, their checksums and how resume picks one are in
+:mod:`asrfit.train.checkpoint_files` (re-exported here). Only the last ``keep_last`` are kept.
 
 Resume is exact when the data order is a function of the sampler state: a resumed run
 restores the RNGs (Python, NumPy, torch, CUDA), the optimizer, the LR schedule, the fp16
@@ -15,9 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-import pickle
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,109 +22,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from asrfit.errors import ConfigError
+from asrfit.errors import CheckpointWriteError, ConfigError
+from asrfit.train.checkpoint_files import (
+    CHECKPOINT_PATTERN,
+    FORMAT_VERSION,
+    checkpoint_path,
+    checkpoint_problem,
+    checksum_path,
+    file_sha256,
+    latest_checkpoint,
+    latest_good_checkpoint,
+    list_checkpoints,
+    read_checkpoint,
+    resolve_checkpoint,
+    write_checkpoint_file,
+)
 from asrfit.train.components import TrainerLike
-from asrfit.utils.io import Pathlike, atomic_writer
+from asrfit.utils.io import Pathlike
 
 logger = logging.getLogger(__name__)
-
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)\.pt$")
-FORMAT_VERSION = 1
-
-
-def checkpoint_path(directory: Pathlike, step: int) -> Path:
-    """The file of the checkpoint at ``step`` in ``directory``."""
-    return Path(directory) / f"checkpoint-{step:08d}.pt"
-
-
-def list_checkpoints(directory: Pathlike) -> list[Path]:
-    """Checkpoint files in ``directory``, oldest step first (empty when there is none)."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in folder.iterdir():
-        match = CHECKPOINT_PATTERN.match(path.name)
-        if match:
-            found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
-
-
-def latest_checkpoint(directory: Pathlike) -> Path | None:
-    """The checkpoint of the highest step in ``directory``, or None."""
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
-
-
-def read_checkpoint(path: Pathlike) -> dict[str, Any]:
-    """Read a checkpoint file as plain data, never running code stored in it.
-
-    The file is unpickled with ``torch.load(weights_only=True)``: tensors, numbers, strings,
-    lists and dicts load; a pickled callable, class or any other object is refused before it
-    can run.
-
-    Args:
-        path: A checkpoint file written by :func:`save_checkpoint`.
-
-    Returns:
-        The checkpoint's dict (``model``, ``optimizer``, ``step``, ``extra``, ...).
-
-    Raises:
-        ConfigError: When the file is unreadable, holds anything but plain data, or is not an
-            asrfit checkpoint of this format.
-    """
-    file = Path(path)
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise ConfigError(
-            f"{file}: refused: it holds objects other than plain data (tensors, numbers, "
-            "strings, lists, dicts), and loading them could run code stored in the file. "
-            "asrfit never writes such checkpoints; delete the file, or resume from a checkpoint "
-            f"you wrote with asrfit.train.save_checkpoint. ({str(exc).splitlines()[0]})"
-        ) from exc
-    except Exception as exc:
-        raise ConfigError(f"{file}: not a readable asrfit checkpoint ({exc}).") from exc
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(
-            f"{file}: not an asrfit checkpoint of format {FORMAT_VERSION}; write it with "
-            "asrfit.train.save_checkpoint."
-        )
-    return state
-
-
-def resolve_checkpoint(path_or_latest: Pathlike, directory: Pathlike | None = None) -> Path:
-    """Turn ``"latest"``, a checkpoint folder or a checkpoint file into a file path.
-
-    Args:
-        path_or_latest: ``"latest"`` (the newest in ``directory``), a folder (its newest), or a file.
-        directory: Where ``"latest"`` looks.
-
-    Returns:
-        The checkpoint file.
-
-    Raises:
-        ConfigError: When nothing matches.
-    """
-    if str(path_or_latest) == "latest":
-        if directory is None:
-            raise ConfigError("resume_from='latest' needs an out_dir whose checkpoints/ to search.")
-        found = latest_checkpoint(directory)
-        if found is None:
-            raise ConfigError(
-                f"resume_from='latest': no checkpoint-*.pt in {directory}; train without "
-                "resume_from, or point it at a checkpoint file."
-            )
-        return found
-    path = Path(path_or_latest)
-    if path.is_dir():
-        found = latest_checkpoint(path)
-        if found is None:
-            raise ConfigError(f"resume_from={str(path)!r}: the folder has no checkpoint-*.pt.")
-        return found
-    if not path.is_file():
-        raise ConfigError(f"resume_from={str(path)!r}: no such checkpoint file.")
-    return path
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -160,12 +72,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _atomic_torch_save(obj: Any, dest: Path) -> None:
-    """``torch.save`` streamed to disk through :func:`asrfit.utils.io.atomic_writer`."""
-    with atomic_writer(dest) as handle:
-        torch.save(obj, handle)
 
 
 @dataclass
@@ -243,11 +149,12 @@ def save_checkpoint(
         "extra": dict(extra or {}),
     }
     dest = checkpoint_path(directory, step)
-    _atomic_torch_save(state, dest)
+    write_checkpoint_file(state, dest)
     logger.info("saved checkpoint %s (step %d, epoch %d)", dest, step, epoch)
     if keep_last:
         for old in list_checkpoints(directory)[:-keep_last]:
             old.unlink(missing_ok=True)
+            checksum_path(old).unlink(missing_ok=True)
             logger.debug("removed old checkpoint %s", old)
     return dest
 
@@ -371,7 +278,9 @@ def save_trainer_checkpoint(trainer: TrainerLike) -> Path | None:
     """Checkpoint a trainer's current step (see :meth:`MemoryEfficientTrainer.save_checkpoint`).
 
     The per-process parts (sampler position, RNG states) of every process are gathered into
-    the one file the main process writes.
+    the one file the main process writes. When that write fails (a full disk), every process
+    raises: the main one its error, the others :class:`~asrfit.errors.CheckpointWriteError`
+    quoting it.
     """
     if trainer.checkpoint_dir is None:
         raise ConfigError("save_checkpoint: the trainer has no out_dir to write to.")
@@ -384,24 +293,38 @@ def save_trainer_checkpoint(trainer: TrainerLike) -> Path | None:
         from accelerate.utils import gather_object
 
         ranks = gather_object(ranks)
-    path = None
+    path, failure = None, None
     if acc.is_main_process:
-        path = save_checkpoint(
-            trainer.checkpoint_dir,
-            model=trainer.unwrapped_model,
-            step=trainer.global_step,
-            epoch=trainer.epoch,
-            optimizer=getattr(trainer.optimizer, "optimizer", trainer.optimizer),
-            scheduler=trainer.scheduler,
-            scaler=acc.scaler,
-            config=trainer.config,
-            plan=trainer.plan,
-            extra={"batches_in_epoch": trainer.batches_in_epoch, "ranks": ranks,
-                   "nonfinite": trainer.nonfinite.state_dict(),
-                   "micro_limits": trainer.micro_limits.state_dict()},
-            keep_last=trainer.keep_last,
-        )
-    acc.wait_for_everyone()
+        try:
+            path = save_checkpoint(
+                trainer.checkpoint_dir,
+                model=trainer.unwrapped_model,
+                step=trainer.global_step,
+                epoch=trainer.epoch,
+                optimizer=getattr(trainer.optimizer, "optimizer", trainer.optimizer),
+                scheduler=trainer.scheduler,
+                scaler=acc.scaler,
+                config=trainer.config,
+                plan=trainer.plan,
+                extra={"batches_in_epoch": trainer.batches_in_epoch, "ranks": ranks,
+                       "nonfinite": trainer.nonfinite.state_dict(),
+                       "micro_limits": trainer.micro_limits.state_dict(),
+                       "epoch_loss": [float(trainer.epoch_loss_total), int(trainer.epoch_units_total)]},
+                keep_last=trainer.keep_last,
+            )
+        except Exception as exc:  # raised below, after every process has been told
+            failure = exc
+    if acc.num_processes > 1:  # the others wait for the outcome, instead of a collective that never comes
+        from accelerate.utils import broadcast_object_list
+
+        told = broadcast_object_list([None if failure is None else f"{type(failure).__name__}: {failure}"])[0]
+        if failure is None and told is not None:
+            raise CheckpointWriteError(
+                f"process {acc.process_index}: the main process could not write the checkpoint of "
+                f"step {trainer.global_step} in {trainer.checkpoint_dir}, so every process stops: {told}"
+            )
+    if failure is not None:
+        raise failure
     return path
 
 
@@ -431,8 +354,12 @@ def resume_trainer(
     ranks = info.extra.get("ranks", [])
     if len(ranks) != acc.num_processes:
         raise ConfigError(
-            f"{info.path}: saved by {len(ranks)} processes, resumed on {acc.num_processes}; "
-            "exact resume needs the same number."
+            f"{info.path}: saved by {len(ranks)} processes, resumed on {acc.num_processes}: "
+            "each process's data shard, sampler position and random state are in the checkpoint, "
+            f"so exact resume needs the same number. Resume on {len(ranks)} processes "
+            f"(torchrun --nproc_per_node {len(ranks)}, or accelerate launch --num_processes "
+            f"{len(ranks)}), or start a new run from its weights (load_checkpoint(path, model=...) "
+            "without the optimizer and sampler states)."
         )
     if info.plan is not None and trainer.plan is not None:
         from asrfit.plan.plan import Plan
@@ -444,6 +371,9 @@ def resume_trainer(
         trainer.nonfinite.load_state_dict(info.extra["nonfinite"])
     if "micro_limits" in info.extra:
         trainer.micro_limits.load_state_dict(info.extra["micro_limits"])
+    if "epoch_loss" in info.extra and trainer.batches_in_epoch:
+        loss_total, units_total = info.extra["epoch_loss"]
+        trainer.epoch_loss_total, trainer.epoch_units_total = float(loss_total), int(units_total)
     rank_state = ranks[acc.process_index]
     restore_rng_state(rank_state["rng"])
     saved = rank_state["sampler"]
@@ -494,3 +424,21 @@ def save_due(trainer: Any) -> bool:
         return True
     minutes = trainer.save_every_minutes
     return bool(minutes) and time.monotonic() - trainer._last_save_time >= 60.0 * minutes
+
+
+__all__ = [
+    "CHECKPOINT_PATTERN",
+    "FORMAT_VERSION",
+    "CheckpointInfo",
+    "checkpoint_path",
+    "checkpoint_problem",
+    "checksum_path",
+    "file_sha256",
+    "latest_checkpoint",
+    "latest_good_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "read_checkpoint",
+    "resolve_checkpoint",
+    "save_checkpoint",
+]

@@ -64,6 +64,8 @@ class TrainerLike(Protocol):
     epoch: int
     batches_in_epoch: int
     epoch_start_state: Any
+    epoch_loss_total: float
+    epoch_units_total: int
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:

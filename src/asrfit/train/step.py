@@ -10,7 +10,9 @@ schedule step, and the memory monitor records the step.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ import torch
 from asrfit.errors import ConfigError
 from asrfit.train.components import MicroBatch, StepRecord
 from asrfit.train.guards import NonFiniteGuard, presplit, total_grad_norm
+from asrfit.train.interrupt import TrainingInterrupted
 from asrfit.train.oom import (
     OOMEvent,
     describe_batch,
@@ -58,8 +61,31 @@ class StepMixin:
     out_dir: Any
     _deepspeed_steps: int
     micro_limits: Any
+    interrupts: Any
+    epoch_loss_total: float
+    epoch_units_total: int
+    _last_saved_step: int
+    _last_saved_path: Any
     nonfinite: Any
     _last_memory: dict[str, Any]
+
+    @property
+    def epoch_mean_loss(self) -> float:
+        """Mean loss per unit over the current epoch's steps (the last epoch's, between
+        epochs), those before a resume included; NaN before its first step."""
+        if not self.epoch_units_total:
+            return math.nan
+        return self.epoch_loss_total / self.epoch_units_total
+
+    def _stop_if_signalled(self) -> None:
+        """After a step: when Ctrl-C or a stop signal reached any process (every process
+        agrees, :meth:`~asrfit.train.interrupt.InterruptRequest.agreed`), checkpoint this
+        step (unless just done) and raise :class:`TrainingInterrupted` on every process."""
+        stop = self.interrupts.agreed(self.accelerator) if self.out_dir is not None else 0
+        if stop:
+            saved = self._last_saved_step == self.global_step
+            path = self._last_saved_path if saved else self.save_checkpoint()
+            raise TrainingInterrupted(self.global_step, path, stop)
 
     def _predicted_bytes(self, micro: MicroBatch) -> int | None:
         if self.plan is None or self.info.durations is None or micro.indices is None:
@@ -208,6 +234,26 @@ class StepMixin:
                     out_dir=self.out_dir if self.accelerator.is_main_process else None,
                     oom_count=self.oom_counter.oom_limit,
                 )
+
+
+def length_of(data: Any) -> int | None:
+    """``len(data)``, or None for data without a length."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def first_given(*values: Any) -> Any:
+    """The first value that is not None (None when all are)."""
+    return next((v for v in values if v is not None), None)
+
+
+def skip_batches(data: Iterable[Any], skip: int) -> Iterator[MicroBatch]:
+    """The batches of ``data`` after its first ``skip``, as micro-batches."""
+    for position, batch in enumerate(data):
+        if position >= skip:
+            yield MicroBatch(batch)
 
 
 def set_dataset_epoch(dataset: Any, epoch: int) -> None:

@@ -16,7 +16,8 @@ Around that: mixed precision (from the plan's setup, else the config), gradient 
 linear warm-up then linear decay schedule, gradient checkpointing, out-of-memory recovery
 (:mod:`asrfit.train.oom`), the memory monitor (:mod:`asrfit.train.monitor`), a pre-flight
 run of the most memory-hungry batches (:mod:`asrfit.train.preflight`) and exact resume
-(:mod:`asrfit.train.checkpoint`; also at Ctrl-C, :mod:`asrfit.train.interrupt`). ZeRO plans
+(:mod:`asrfit.train.checkpoint`; also at Ctrl-C and at a preemption's SIGTERM or SIGUSR1,
+:mod:`asrfit.train.interrupt`). ZeRO plans
 run under DeepSpeed through ``accelerate.DeepSpeedPlugin`` (not tested here: DeepSpeed counts
 micro-batches itself, which a variable number per step may not suit).
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,10 +60,10 @@ from asrfit.train.components import (
 )
 from asrfit.train.guards import MicroBatchLimits, NonFiniteGuard
 from asrfit.train.host_allocator import keep_freed_host_memory
-from asrfit.train.interrupt import InterruptRequest, TrainingInterrupted
+from asrfit.train.interrupt import DEFAULT_STOP_SIGNALS, InterruptRequest
 from asrfit.train.oom import BucketOOMCounter, OOMEvent
 from asrfit.train.preflight import PreflightResult, preflight_trainer
-from asrfit.train.step import StepMixin, set_dataset_epoch
+from asrfit.train.step import StepMixin, first_given, length_of, set_dataset_epoch, skip_batches
 from asrfit.utils.io import Pathlike
 
 if TYPE_CHECKING:  # the plan and the config import scipy and transformers: only when used
@@ -111,6 +112,9 @@ class MemoryEfficientTrainer(StepMixin):
         expandable_segments: Override the plan's ``expandable_segments``; without a plan
             it is on. (Default: None)
         cpu: Train on the CPU even when CUDA is available. (Default: False)
+        stop_signals: Signals that, like Ctrl-C, stop training after the step in progress
+            with a checkpoint (with ``out_dir``; every process agrees on the step), see
+            :mod:`asrfit.train.interrupt`. (Default: SIGTERM and SIGUSR1)
 
     Raises:
         MissingDependencyError: The plan needs DeepSpeed (or bitsandbytes) and it is not installed.
@@ -139,6 +143,7 @@ class MemoryEfficientTrainer(StepMixin):
         expandable_segments: bool | None = None,
         cpu: bool = False,
         listeners: Sequence[Any] = (),
+        stop_signals: Sequence[str | int] | str | None = DEFAULT_STOP_SIGNALS,
     ) -> None:
         from accelerate import Accelerator
         from accelerate.state import AcceleratorState
@@ -160,6 +165,7 @@ class MemoryEfficientTrainer(StepMixin):
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         self.micro_limits = MicroBatchLimits()
         self._last_save_time, self._last_saved_step = time.monotonic(), -1
+        self._last_saved_path: Path | None = None
         for parameter in model.parameters():  # a trainer never inherits gradients left behind
             parameter.grad = None
         self.accumulation_steps = config.gradient_accumulation_steps
@@ -193,7 +199,11 @@ class MemoryEfficientTrainer(StepMixin):
         self.global_step, self.epoch, self.batches_in_epoch = 0, 0, 0
         self.history: list[StepRecord] = []
         self.oom_events: list[OOMEvent] = []
-        self.interrupts = InterruptRequest()  # Ctrl-C: checkpoint after the step, then stop
+        # Ctrl-C or a stop signal: checkpoint after the step, then stop
+        self.interrupts = InterruptRequest(stop_signals)
+        # the current epoch's loss x units and units, kept in checkpoints: its mean loss
+        # after a resume covers the steps before it too
+        self.epoch_loss_total, self.epoch_units_total = 0.0, 0
         self.preflight_results: list[PreflightResult] = []
         self.info = DataInfo()
         self._sampler_cache: dict[int, tuple[Any, DataInfo]] = {}
@@ -275,8 +285,8 @@ class MemoryEfficientTrainer(StepMixin):
             self.info = DataInfo(durations, label_lengths)
             return None
         known = self._sampler_cache.get(id(data), (None, DataInfo()))[1]
-        durations = _first(durations, known.durations, getattr(data, "durations", None))
-        label_lengths = _first(
+        durations = first_given(durations, known.durations, getattr(data, "durations", None))
+        label_lengths = first_given(
             label_lengths, known.label_lengths, getattr(data, "label_lengths", None)
         )
         lengths = known.lengths if known.lengths is not None else durations
@@ -325,7 +335,7 @@ class MemoryEfficientTrainer(StepMixin):
             BatchTooLargeError: The pre-flight, or a single utterance, ran out of memory.
         """
         sampler = self.sampler = self._resolve_data(data, dataset, durations, label_lengths)
-        batches = _length(sampler if sampler is not None else data)
+        batches = length_of(sampler if sampler is not None else data)
         per_epoch = None if batches is None else math.ceil(batches / self.accumulation_steps)
         epochs = self.config.num_train_epochs if epochs is None else epochs
         total = max_steps
@@ -420,8 +430,10 @@ class MemoryEfficientTrainer(StepMixin):
         while not done and (n_epochs is None or self.epoch < n_epochs):
             skip, restored = resume if resume is not None else (0, False)
             resume = None
+            if self.batches_in_epoch == 0:
+                self.epoch_loss_total, self.epoch_units_total = 0.0, 0
             if sampler is None:
-                micro_batches: Iterator[MicroBatch] = _skip_batches(data, skip)
+                micro_batches: Iterator[MicroBatch] = skip_batches(data, skip)
             else:
                 set_dataset_epoch(self.dataset, self.epoch)
                 if not restored:
@@ -443,15 +455,16 @@ class MemoryEfficientTrainer(StepMixin):
                 record = self._step(window)
                 self.batches_in_epoch += len(window)
                 self.history.append(record)
+                self.epoch_loss_total += record.loss * record.units
+                self.epoch_units_total += record.units
                 report.update(record, memory=self._last_memory)
                 if ckpt.save_due(self):
                     self.save_checkpoint()
-                if self.interrupts.requested:  # Ctrl-C: this step kept, then stop
-                    raise TrainingInterrupted(self.global_step, self.save_checkpoint())
+                self._stop_if_signalled()
                 if total is not None and self.global_step >= total:
                     done = True
                     break
-            epoch_batches = _length(sampler if sampler is not None else data)
+            epoch_batches = length_of(sampler if sampler is not None else data)
             if not done or (epoch_batches is not None and self.batches_in_epoch >= epoch_batches):
                 self.epoch, self.batches_in_epoch = self.epoch + 1, 0
         saved_now = self._last_saved_step == self.global_step
@@ -476,25 +489,8 @@ class MemoryEfficientTrainer(StepMixin):
         """
         path = ckpt.save_trainer_checkpoint(self)
         self._last_saved_step, self._last_save_time = self.global_step, time.monotonic()
+        self._last_saved_path = path
         return path
-
-
-def _length(data: Any) -> int | None:
-    """``len(data)``, or None for data without a length."""
-    try:
-        return len(data)
-    except TypeError:
-        return None
-
-
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
-
-
-def _skip_batches(data: Iterable[Any], skip: int) -> Iterator[MicroBatch]:
-    for position, batch in enumerate(data):
-        if position >= skip:
-            yield MicroBatch(batch)
 
 
 __all__ = ["MemoryEfficientTrainer", "MissingDependencyError", "TrainSummary"]
