@@ -27,19 +27,52 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     plan = root / "plan.json"
     result = CliRunner().invoke(
         cli,
-        ["plan", "--model", MODEL, "--data", str(root / "a" / "train.jsonl"), "--gpu", "auto",
-         "--target-batch", "4", "--out", str(plan)],
+        [
+            "plan",
+            "--model",
+            MODEL,
+            "--data",
+            str(root / "a" / "train.jsonl"),
+            "--gpu",
+            "auto",
+            "--target-batch",
+            "4",
+            "--out",
+            str(plan),
+        ],
     )
     assert result.exit_code == 0, result.output
-    return {"root": root, "a": root / "a" / "train.jsonl", "b": root / "b" / "train.jsonl",
-            "plan": plan}
+    return {
+        "root": root,
+        "a": root / "a" / "train.jsonl",
+        "b": root / "b" / "train.jsonl",
+        "plan": plan,
+    }
 
 
 def _train(setup, out: str, *extra: str, data: str = "a", model: str = MODEL):
-    args = ["train", "--model", model, "--data", str(setup[data]), "--out",
-            str(setup["root"] / out), "--plan", str(setup["plan"]), "--target-batch", "4",
-            "--max-steps", "1", "--random-init", "--no-spec-augment", "--no-tensorboard",
-            "--save-every", "0", "--json", *extra]
+    args = [
+        "train",
+        "--model",
+        model,
+        "--data",
+        str(setup[data]),
+        "--out",
+        str(setup["root"] / out),
+        "--plan",
+        str(setup["plan"]),
+        "--target-batch",
+        "4",
+        "--max-steps",
+        "1",
+        "--random-init",
+        "--no-spec-augment",
+        "--no-tensorboard",
+        "--save-every",
+        "0",
+        "--json",
+        *extra,
+    ]
     return CliRunner().invoke(cli, args)
 
 
@@ -62,7 +95,10 @@ def test_a_plan_for_another_dataset_is_refused_and_force_plan_trains(setup) -> N
     forced = _train(setup, "forced", "--force-plan", data="b")
     assert forced.exit_code == 0, forced.output
     report = json.loads((setup["root"] / "forced" / "report.json").read_text())
-    steps = [json.loads(line) for line in (setup["root"] / "forced" / "steps.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)
+        for line in (setup["root"] / "forced" / "steps.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in steps if r["kind"] == "step"] == [1]
     assert report["config"]["model"] == MODEL
     # it trained with the plan it was given, not one of its own
