@@ -13,7 +13,8 @@ counted here from the breakdown at the peak:
   gradient partition (the optimizer steps on fp32): with Adam 4 + 8 + 4 = 16 bytes per
   parameter, sharded, as DeepSpeed's own ``estimate_zero2_model_states_mem_needs`` counts.
 - Stage 1 shards optimizer state over the world size; stage 2 also gradients (plus a
-  reduce bucket of ``reduce_bucket_size`` = 5e8 elements at most); stage 3 also parameters
+  reduce bucket of ``reduce_bucket_size`` = 5e8 elements, allocated whole with contiguous
+  gradients however small the model); stage 3 also parameters
   (plus the gathered parameters in flight, ``stage3_prefetch_bucket_size`` = 5e7 elements
   at most, DeepSpeed's defaults).
 - Offload moves the (sharded) optimizer state, and in stage 3 optionally the parameters,
@@ -78,9 +79,9 @@ def shard_breakdown(
         + (" then offloaded to CPU" if setup.offload_optimizer else "")
     )
     if setup.zero_stage >= 2:
-        out["gradients"] = (
-            out.get("gradients", 0) // n + min(REDUCE_BUCKET_ELEMENTS, trainable_params) * elem
-        )
+        # DeepSpeed allocates the whole bucket (torch.empty(reduce_bucket_size)) with contiguous
+        # gradients, however few parameters the model has
+        out["gradients"] = out.get("gradients", 0) // n + REDUCE_BUCKET_ELEMENTS * elem
         notes.append(f"ZeRO-2: gradients / {n} + reduce bucket")
     if setup.zero_stage == 3:
         gathered = min(PREFETCH_BUCKET_ELEMENTS, trainable_params) * elem
