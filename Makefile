@@ -61,7 +61,8 @@ demo: $(VENV)/.installed
 	$(BIN)/asrfit memory --model wav2vec2-base --batch 8 --seconds 16 --gpu $(DEMO_GPU)
 	$(BIN)/asrfit report $(DEMO_RUN)
 
-# kenlm builds from source (a few minutes); without it the beam search runs with no n-gram.
+# kenlm builds from source (about a minute on 2 busy cores; it needs a C++ compiler, and
+# Boost/zlib are optional); without it the beam search runs with no n-gram.
 $(VENV)/.kenlm: | $(VENV)/.installed
 	$(BIN)/python -m pip install -q "kenlm==0.3.0" || echo "kenlm did not build: beam search without an n-gram"
 	touch $@
@@ -75,9 +76,11 @@ demo-speech: $(VENV)/.installed $(VENV)/.kenlm
 	$(BIN)/python bench/speech_demo.py --run $(SPEECH_RUN) --data $(SPEECH_DIR) --out docs/benchmarks.md
 	$(BIN)/asrfit report $(SPEECH_RUN)
 
-test: $(VENV)/.installed
+# -rs lists every skipped test with its reason at the end: on a machine without a GPU only
+# the GPU tests should be there.
+test: $(VENV)/.installed $(VENV)/.kenlm
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -rs
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench

@@ -40,7 +40,13 @@ def test_loss_falls_and_cer_improves(run) -> None:
     assert last.train_loss < 0.7 * first.train_loss
     assert min(e.dev.cer for e in stage2) < first.dev.cer - 0.05
     assert report.best_dev_cer == min(e.dev.cer for e in report.epochs)
-    assert report.test is not None and 0.0 <= report.test.cer <= 1.0
+    # the test split is scored once with the best dev model, on utterances drawn like dev's:
+    # its CER is near the best dev CER (0.23 and 0.22 when written) and far below the first
+    # epoch's (1.0: nothing learnt yet); a model that does not learn, or a test scored with
+    # other weights, fails here
+    assert report.test is not None
+    assert report.test.cer < 0.5 * first.dev.cer
+    assert abs(report.test.cer - report.best_dev_cer) < 0.1
 
 
 @pytest.mark.slow

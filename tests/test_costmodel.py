@@ -7,11 +7,6 @@ from typing import Any
 
 import pytest
 
-from asrfit.memory.allocator import (
-    CUBLAS_WORKSPACE_BYTES,
-    FRAGMENTATION_CLASSIC,
-    FRAGMENTATION_EXPANDABLE,
-)
 from asrfit.memory.costmodel import (
     PeakModel,
     default_fit_shapes,
@@ -54,14 +49,17 @@ class _Wavy:
 
 
 def _reserved(costs: Any, b: int, t: int, u: int) -> int:
-    """Reserved bytes by the allocator's rules (its module doc), written out: a fitted peak
-    counts classic segments already; expandable segments' pages add less than one 2 MiB page
-    (small pool) and one 20 MiB page (large pool), added as that bound."""
-    mib2 = 2 << 20
+    """Reserved bytes by the allocator's rules as docs/memory_cuda.md states them, written out
+    (none of asrfit's constants): a fitted peak counts classic segments already; expandable
+    segments' pages add less than one 2 MiB page (small pool) and one 20 MiB page (large
+    pool), added as that bound; the cuBLAS workspace (65 MiB on Hopper, else PyTorch's
+    default 8 MiB + 8 x 16 KiB); a fragmentation allowance of 2 % with expandable segments,
+    8 % without; rounded up to 2 MiB."""
+    mib, mib2 = 1 << 20, 2 << 20
     peak = int(costs.traced_peak(b, t, u))
-    pages = (2 << 20) + (20 << 20) if costs.expandable_segments else 0
-    workspace = CUBLAS_WORKSPACE_BYTES[costs.architecture or "default"]
-    frag = FRAGMENTATION_EXPANDABLE if costs.expandable_segments else FRAGMENTATION_CLASSIC
+    pages = 2 * mib + 20 * mib if costs.expandable_segments else 0
+    workspace = 65 * mib if costs.architecture == "hopper" else 8 * mib + 8 * 16 * 1024
+    frag = 0.02 if costs.expandable_segments else 0.08
     return math.ceil(int((peak + pages + workspace) * (1 + frag)) / mib2) * mib2
 
 

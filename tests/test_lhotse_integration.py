@@ -3,9 +3,11 @@ sizes and the byte-budget ``SamplingConstraint``, checked on real lhotse cuts.""
 
 from __future__ import annotations
 
+import io
 import random
 
 import pytest
+import torch
 
 from asrfit.errors import ConfigError
 from asrfit.plan.exports import export_plan
@@ -17,7 +19,7 @@ from lhotse.dataset.sampling.dynamic_bucketing import (  # noqa: E402
     FixedBucketBatchSizeConstraint,
 )
 
-from asrfit.data.lhotse_constraint import LhotseBytesConstraint  # noqa: E402
+from asrfit.data.lhotse_constraint import LhotseBytesConstraint, sampler_state_dict  # noqa: E402
 from asrfit.testing.dummies import dummy_cutset  # noqa: E402
 from tests.test_exports import example_plan  # noqa: E402
 
@@ -104,6 +106,47 @@ def test_state_dict_round_trip_mid_batch(cuts):
     assert copy.state_dict() == first.state_dict() and copy is not first
     with pytest.raises(ConfigError, match="unknown key"):
         restored.load_state_dict(dict(state, extra=1))
+
+
+def test_sampler_stopped_mid_epoch_resumes_with_exactly_the_remaining_batches(cuts):
+    plan = example_plan()
+    budget = plan.predicted_reserved_bytes(3, plan.input_length(10.0), 150)
+
+    def sampler():
+        return DynamicBucketingSampler(
+            cuts,
+            constraint=LhotseBytesConstraint(plan, budget_bytes=budget),
+            duration_bins=plan.bucket_duration_bins,
+            shuffle=True,
+            seed=3,
+        )
+
+    reference = sampler()  # the epoch without interruption
+    reference.set_epoch(1)
+    everything = [[c.id for c in batch] for batch in reference]
+    stopped = sampler()
+    stopped.set_epoch(1)
+    taken = len(everything) // 2
+    iterator = iter(stopped)
+    first_half = [[c.id for c in next(iterator)] for _ in range(taken)]
+    assert first_half == everything[:taken]
+    # lhotse's own state_dict refuses a custom constraint; sampler_state_dict gives its dict
+    with pytest.raises(AssertionError, match="custom constraint"):
+        stopped.state_dict()
+    saved = io.BytesIO()
+    torch.save(sampler_state_dict(stopped), saved)  # as a checkpoint holds it
+    saved.seek(0)
+    fresh = sampler()
+    fresh.load_state_dict(torch.load(saved, weights_only=True))
+    rest = list(fresh)
+    assert [[c.id for c in batch] for batch in rest] == everything[taken:]
+    assert 0 < taken < len(everything)
+    for batch in rest:  # each within the byte budget (a single cut over it is yielded alone)
+        longest = max(plan.input_length(c.duration) for c in batch)
+        labels = max(len(c.supervisions[0].text) for c in batch)
+        assert len(batch) == 1 or plan.predicted_reserved_bytes(len(batch), longest, labels) <= budget
+    with pytest.raises(ConfigError, match="not LhotseBytesConstraint"):
+        sampler_state_dict(DynamicBucketingSampler(cuts, max_duration=40.0))
 
 
 def test_cut_above_the_largest_bucket_is_named(tmp_path):

@@ -8,7 +8,6 @@ import logging
 import mmap
 import os
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -231,37 +230,31 @@ def test_tensorboard_missing_names_the_extra(
     assert not (tmp_path / "memory.jsonl").exists()
 
 
-def test_tensorboard_scalars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, float, int]] = []
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar under ``log_dir`` as TensorBoard itself reads the event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    class RecordingWriter:
-        def __init__(self, log_dir: str) -> None:
-            assert log_dir == str(tmp_path)
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
 
-        def add_scalar(self, tag: str, value: float, step: int) -> None:
-            calls.append((tag, value, step))
 
-        def close(self) -> None:
-            calls.append(("closed", 0.0, 0))
-
-    fake = types.ModuleType("torch.utils.tensorboard")
-    fake.SummaryWriter = RecordingWriter
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+def test_tensorboard_scalars(tmp_path: Path) -> None:
     samples = [MemorySample(1 * GIB, 2 * GIB, 3 * GIB, 4 * GIB)]
     with fake_monitor(samples, budget_bytes=8 * GIB, log_dir=tmp_path, tensorboard=True) as monitor:
         monitor.start_step()
         monitor.end_step(5, bucket=0, predicted_bytes=5 * GIB, batch_size=2)
-    assert sorted(calls[:-1]) == sorted(
-        [
-            ("memory/allocated_gib", 1.0, 5),
-            ("memory/reserved_gib", 2.0, 5),
-            ("memory/peak_gib", 3.0, 5),
-            ("memory/peak_reserved_gib", 4.0, 5),
-            ("memory/budget_fraction", 0.5, 5),
-            ("memory/predicted_gib", 5.0, 5),
-        ]
-    )
-    assert calls[-1][0] == "closed"
+    # the samples above in GiB; budget fraction: peak reserved 4 GiB of 8
+    assert read_scalars(tmp_path) == {
+        "memory/allocated_gib": [(5, 1.0)],
+        "memory/reserved_gib": [(5, 2.0)],
+        "memory/peak_gib": [(5, 3.0)],
+        "memory/peak_reserved_gib": [(5, 4.0)],
+        "memory/budget_fraction": [(5, 0.5)],
+        "memory/predicted_gib": [(5, 5.0)],
+    }
 
 
 # --- bad input -------------------------------------------------------------------------------
@@ -376,6 +369,32 @@ def test_callback_in_a_real_trainer(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "memory" / "memory_summary.json").read_text())
     assert summary == callback.summary
     assert summary["steps"] == 3 and summary["buckets"][0]["steps"] == 3
+
+
+def test_callback_tensorboard_events_in_a_real_trainer(tmp_path: Path) -> None:
+    from asrfit.train.callbacks import AdaptiveMemoryCallback
+
+    plan = tiny_plan()
+    callback = AdaptiveMemoryCallback(plan=plan, log_dir=tmp_path / "memory", tensorboard=True)
+    run_trainer(tmp_path, callback)
+    scalars = read_scalars(tmp_path / "memory")
+    lines = read_jsonl(tmp_path / "memory" / "memory.jsonl")
+    prediction = plan.predicted_reserved_bytes(2, 160000, 150) / GIB  # longest bucket, batch 2
+    # one point per optimizer step, the values memory.jsonl holds (TensorBoard keeps float32)
+    for tag, key in [
+        ("memory/reserved_gib", "reserved_bytes"),
+        ("memory/peak_reserved_gib", "peak_reserved_bytes"),
+        ("memory/allocated_gib", "allocated_bytes"),
+        ("memory/peak_gib", "peak_allocated_bytes"),
+    ]:
+        assert [s for s, _ in scalars[tag]] == [1, 2, 3]
+        expected = [line[key] / GIB for line in lines]
+        assert [v for _, v in scalars[tag]] == pytest.approx(expected, rel=1e-6)
+    assert [v for _, v in scalars["memory/predicted_gib"]] == pytest.approx([prediction] * 3)
+    budget = plan.usable_bytes
+    assert [v for _, v in scalars["memory/budget_fraction"]] == pytest.approx(
+        [line["peak_reserved_bytes"] / budget for line in lines], rel=1e-6
+    )
 
 
 def test_callback_budget_defaults_to_85_percent_of_host_ram(tmp_path: Path) -> None:

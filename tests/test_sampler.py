@@ -80,6 +80,30 @@ def test_bytes_constraint_matches_hand_computed_limit():
     assert c.num_utterances == 0 and c.predicted_bytes == 0 and not c.exceeded()
 
 
+@pytest.mark.parametrize(
+    ("expandable", "architecture"), [(True, None), (False, None), (True, "hopper")]
+)
+def test_predicted_reserved_bytes_follow_the_documented_formula(expandable, architecture):
+    # docs/memory_cuda.md, written out here without asrfit's constants: the fitted peak
+    # (c0 + a x B x T here), plus the bound of expandable segments' pages (2 MiB + 20 MiB) when
+    # they are on, plus the cuBLAS workspace (65 MiB on Hopper, else 8 MiB + 8 x 16 KiB), times
+    # 1.02 (expandable segments) or 1.08 (classic), rounded up to 2 MiB
+    from dataclasses import replace
+
+    mib = 2**20
+    plan = replace(
+        make_plan([(0.0, 20.0, 100)], usable_bytes=4_000_000_000),
+        expandable_segments=expandable,
+        architecture=architecture,
+    )
+    pages = 22 * mib if expandable else 0
+    workspace = 65 * mib if architecture == "hopper" else 8 * mib + 128 * 1024
+    allowance = 1.02 if expandable else 1.08
+    for n, steps in [(1, 16000), (7, 48000), (18, 160000), (33, 3)]:
+        exact = (1e9 + 1000 * n * steps + pages + workspace) * allowance
+        assert plan.predicted_reserved_bytes(n, steps, 10) == math.ceil(int(exact) / (2 * mib)) * 2 * mib
+
+
 def test_bytes_constraint_counts_the_longest_seen_and_the_count_limit():
     plan = make_plan([(0.0, 20.0, 100)], usable_bytes=4_000_000_000)
     c = BytesConstraint(plan, max_batch_size=100)

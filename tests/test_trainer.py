@@ -293,9 +293,16 @@ def test_expandable_segments_env(monkeypatch):
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
 
 
-def test_deepspeed_plan_without_deepspeed_says_what_to_install():
-    if __import__("importlib.util").util.find_spec("deepspeed") is not None:
-        pytest.skip("deepspeed is installed")
+def test_deepspeed_plan_without_deepspeed_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_deepspeed(name, *args, **kwargs):  # as if deepspeed were not installed
+        return None if name.split(".")[0] == "deepspeed" else find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_deepspeed)
+    monkeypatch.setitem(__import__("sys").modules, "deepspeed", None)
     from asrfit.memory.costmodel import PeakModel
     from asrfit.memory.setup import Setup
     from asrfit.plan.plan import Bucket, DataDecisions, Plan

@@ -5,7 +5,10 @@ bf16/fp16 parameters and gradients (2 bytes each) plus 16 bytes per parameter of
 state (fp32 master, Adam moments, fp32 gradient partition), sharded by the GPUs over all
 nodes. asrfit's formula must give the same bytes, except for what it adds on purpose (the
 communication buckets DeepSpeed allocates, which its estimators leave out) — each such term
-is named and computed here, not fitted.
+is named and computed here, not fitted, from the bucket sizes DeepSpeed's own config class
+reads out of the config ``asrfit export --to deepspeed`` writes, and allocated as DeepSpeed
+allocates them: the whole reduce bucket (``torch.empty(reduce_bucket_size)`` with contiguous
+gradients), whatever the model's size.
 """
 
 from __future__ import annotations
@@ -13,10 +16,23 @@ from __future__ import annotations
 import pytest
 
 from asrfit.memory.setup import Setup
-from asrfit.memory.zero import PREFETCH_BUCKET_ELEMENTS, REDUCE_BUCKET_ELEMENTS, shard_breakdown
+from asrfit.memory.zero import shard_breakdown
+from asrfit.plan.exports import export_plan
+from tests.test_exports import example_plan
 
 stage_1_and_2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+
+zero_config = pytest.importorskip("deepspeed.runtime.zero.config")
+
+
+def deepspeed_buckets(stage: int, offload: bool = False) -> tuple[int, int]:
+    """Reduce and stage-3 prefetch bucket elements, as DeepSpeed reads asrfit's exported config."""
+    config = export_plan(example_plan(zero_stage=stage, world_size=2, offload=offload), "deepspeed")
+    zero = zero_config.DeepSpeedZeroConfig(**config["zero_optimization"])
+    assert zero.contiguous_gradients  # so DeepSpeed allocates the reduce bucket whole
+    return zero.reduce_bucket_size, zero.prefetch_bucket_size
+
 
 # (parameters, GPUs per node, nodes): a tiny model, a wav2vec2-base and an XLS-R-300M size.
 CASES = [
@@ -48,7 +64,7 @@ def test_zero2_matches_deepspeed_plus_the_reduce_bucket(params, per_node, nodes)
     _, ds_gpu = stage_1_and_2.estimate_zero2_model_states_mem_needs(
         params, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=False
     )
-    reduce_bucket = 2 * min(REDUCE_BUCKET_ELEMENTS, params)
+    reduce_bucket = 2 * deepspeed_buckets(2)[0]  # bf16 elements
     # Integer division of the shards: at most a few bytes apart.
     assert abs(ours - reduce_bucket - ds_gpu) <= 4
 
@@ -63,7 +79,7 @@ def test_zero2_offload_keeps_params_gradient_shard_and_bucket(params, per_node, 
     assert out["optimizer_state"] == 0
     # DeepSpeed's offload estimate is the bf16 parameters only; asrfit keeps the gradient
     # shard and the reduce bucket on the GPU (they are filled there before the copy out).
-    extra = 2 * params // world + 2 * min(REDUCE_BUCKET_ELEMENTS, params)
+    extra = 2 * params // world + 2 * deepspeed_buckets(2, offload=True)[0]
     assert abs(ours - extra - ds_gpu) <= 4
 
 
@@ -81,9 +97,11 @@ def test_zero3_matches_deepspeed_sharded_bytes(params, per_node, nodes):
         cpu_offload_params=False,
     )
     # DeepSpeed: 4 bytes x largest layer (gathered bf16 params and grads) + 18 bytes/param
-    # sharded. asrfit: the prefetch and reduce buckets instead of the largest layer, and the
+    # sharded. asrfit: the prefetch and (whole) reduce buckets instead of the largest layer, and the
     # bf16 gradient partition (2 bytes/param sharded), which the stage-3 estimator folds away.
-    buckets = 2 * min(PREFETCH_BUCKET_ELEMENTS, params) + 2 * min(REDUCE_BUCKET_ELEMENTS, params)
+    reduce, prefetch = deepspeed_buckets(3)
+    # the prefetch bucket bounds the parameters gathered in flight (at most the whole model)
+    buckets = 2 * min(prefetch, params) + 2 * reduce
     grad_partition = 2 * params // world
     assert abs((ours - buckets - grad_partition) - (ds_gpu - 4 * largest_layer)) <= 4
 
@@ -95,7 +113,9 @@ def test_optimizer_state_shrinks_with_world_size_as_deepspeed_counts(world):
     # 16 bytes per parameter (fp32 master + two Adam moments + fp32 gradient), sharded.
     assert abs(out["optimizer_state"] - 16 * params // world) <= 4
     assert out["parameters"] == 2 * params  # stage 1 shards neither parameters
-    assert out["gradients"] == 2 * params  # nor gradients
+    # nor gradients; with contiguous gradients stage 1 also fills the whole reduce bucket
+    # (DeepSpeed registers its gradient hooks and allocates the bucket at every stage)
+    assert out["gradients"] == 2 * params + 2 * deepspeed_buckets(1)[0]
 
 
 # (parameters, GPUs per node, nodes, stage, offload parameters too). DeepSpeed's ZeRO-2 offload

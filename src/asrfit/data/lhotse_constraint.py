@@ -13,6 +13,8 @@ Use it where lhotse users already build their batches::
 
 Each batch stays within the plan's bucket limit for its first cut's bucket and within the
 plan's usable memory, predicted from the longest cut and transcript seen (padding counts).
+To resume mid-epoch, save :func:`sampler_state_dict` with the checkpoint and give it to a
+fresh sampler's own ``load_state_dict`` (built the same way, with a new constraint).
 With a two-dimensional plan (duration x labels) pass the same ``plan.bucket_duration_bins``:
 they are ``[seconds, labels]`` pairs, and the constraint picks each cut's bucket by both.
 Needs the ``lhotse`` extra (``pip install asrfit[lhotse]``).
@@ -173,4 +175,35 @@ class LhotseBytesConstraint(SamplingConstraint):
         return max(1, round(seconds * self.plan.labels_per_second))
 
 
-__all__ = ["LhotseBytesConstraint"]
+def sampler_state_dict(sampler: Any) -> dict[str, Any]:
+    """``sampler.state_dict()`` of a lhotse ``DynamicBucketingSampler`` that uses this constraint.
+
+    lhotse refuses ``state_dict()`` for every custom constraint, because it does not save the
+    constraint's state. That state does not matter here: the sampler's ``load_state_dict``
+    replays the epoch up to the batches already taken, with the fresh sampler's constraint,
+    and a :class:`LhotseBytesConstraint` with the same plan and budget decides as this one did.
+
+    Args:
+        sampler: A ``DynamicBucketingSampler`` built with a :class:`LhotseBytesConstraint`.
+
+    Returns:
+        The dict lhotse's ``state_dict()`` returns for its built-in constraints; restore it with
+        ``load_state_dict`` on a sampler built with the same cuts, seed and plan.
+
+    Raises:
+        ConfigError: When the sampler's constraint is not a :class:`LhotseBytesConstraint`.
+    """
+    constraint = getattr(sampler, "constraint", None)
+    if not isinstance(constraint, LhotseBytesConstraint):
+        raise ConfigError(
+            f"sampler_state_dict: the sampler's constraint is {type(constraint).__name__}, not "
+            "LhotseBytesConstraint; call the sampler's own state_dict()."
+        )
+    sampler.constraint = None  # lhotse's check; its state lists no constraint field
+    try:
+        return sampler.state_dict()
+    finally:
+        sampler.constraint = constraint
+
+
+__all__ = ["LhotseBytesConstraint", "sampler_state_dict"]

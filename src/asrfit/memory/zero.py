@@ -12,8 +12,9 @@ counted here from the breakdown at the peak:
   and, in the optimizer state, an fp32 master copy of the parameters and an fp32 copy of its
   gradient partition (the optimizer steps on fp32): with Adam 4 + 8 + 4 = 16 bytes per
   parameter, sharded, as DeepSpeed's own ``estimate_zero2_model_states_mem_needs`` counts.
-- Stage 1 shards optimizer state over the world size; stage 2 also gradients (plus a
-  reduce bucket of ``reduce_bucket_size`` = 5e8 elements at most); stage 3 also parameters
+- Stage 1 shards optimizer state over the world size; stage 2 also gradients; every stage
+  holds a reduce bucket of ``reduce_bucket_size`` = 5e8 elements (DeepSpeed allocates it
+  whole with contiguous gradients, however small the model); stage 3 also parameters
   (plus the gathered parameters in flight, ``stage3_prefetch_bucket_size`` = 5e7 elements
   at most, DeepSpeed's defaults).
 - Offload moves the (sharded) optimizer state, and in stage 3 optionally the parameters,
@@ -77,10 +78,15 @@ def shard_breakdown(
         f"ZeRO-{setup.zero_stage}: optimizer state / {n}"
         + (" then offloaded to CPU" if setup.offload_optimizer else "")
     )
+    # With contiguous gradients (as asrfit's DeepSpeed export sets them, at every stage)
+    # DeepSpeed allocates the whole reduce bucket, torch.empty(reduce_bucket_size) in the
+    # gradients' precision, however few parameters the model has
+    bucket = REDUCE_BUCKET_ELEMENTS * elem
+    if setup.zero_stage == 1:
+        out["gradients"] = out.get("gradients", 0) + bucket
+        notes.append("ZeRO-1: gradients + reduce bucket")
     if setup.zero_stage >= 2:
-        out["gradients"] = (
-            out.get("gradients", 0) // n + min(REDUCE_BUCKET_ELEMENTS, trainable_params) * elem
-        )
+        out["gradients"] = out.get("gradients", 0) // n + bucket
         notes.append(f"ZeRO-2: gradients / {n} + reduce bucket")
     if setup.zero_stage == 3:
         gathered = min(PREFETCH_BUCKET_ELEMENTS, trainable_params) * elem

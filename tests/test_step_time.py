@@ -1,0 +1,52 @@
+"""The CPU step-time model against real steps: three small models of the held-out families,
+predicted on fake tensors and timed on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).resolve().parent / "_step_time_child.py"
+
+# docs/benchmarks.md, "Step time: predicted vs measured (CPU)": held out (other families, not
+# fitted), vs the median step: median |error| 7.6 %.
+PUBLISHED_HELD_OUT = 0.076
+# On a shared machine a whole round can run 1.3-1.5x slow (the same section); the best of
+# three interleaved rounds drops most of that, and this allowance takes the rest.
+SHARED_MACHINE_ALLOWANCE = 0.124
+
+
+@pytest.mark.slow
+def test_predicted_step_times_are_within_the_published_error() -> None:
+    cores = os.cpu_count() or 1
+    if os.getloadavg()[0] > cores:
+        pytest.skip(
+            f"load average {os.getloadavg()[0]:.1f} on {cores} cores: other processes would "
+            "be timed with the steps"
+        )
+    env = {k: v for k, v in os.environ.items() if k != "ASRFIT_HOST_MALLOC"}
+    env["OMP_NUM_THREADS"] = "1"
+    result = subprocess.run(
+        [sys.executable, str(CHILD), "3", "3", "5"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    errors = []
+    for row in rows:
+        measured = min(row["round_medians"])  # the best of the interleaved rounds
+        errors.append(abs(row["predicted_seconds"] - measured) / measured)
+    table = "\n".join(
+        f"{r['case']}: predicted {r['predicted_seconds'] * 1e3:.1f} ms, round medians "
+        + " / ".join(f"{m * 1e3:.1f}" for m in r["round_medians"])
+        + f" ms, |error| {e:.1%}, load {r['load'][0]:.1f}-{r['load'][1]:.1f}"
+        for r, e in zip(rows, errors, strict=True)
+    )
+    assert len(rows) == 3
+    assert statistics.median(errors) <= PUBLISHED_HELD_OUT + SHARED_MACHINE_ALLOWANCE, table
