@@ -137,13 +137,19 @@ def batch_for_seconds(
 ) -> BatchShape:
     """The padded batch shape of ``batch_size`` utterances of ``seconds`` for a model profile.
 
-    Label length defaults to 15 characters per second for character vocabularies (<= 64
-    symbols) and 4 tokens per second for subword vocabularies.
+    The input length is in the model's input units: samples for raw audio, feature frames
+    at the feature extractor's hop (and stacking) for features
+    (:func:`asrfit.profiles.model_build.input_steps_per_second`), and the whole window for
+    a model that pads every input to a fixed window (Whisper's 30 s). Label length defaults
+    to 15 characters per second for character vocabularies (<= 64 symbols) and 4 tokens
+    per second for subword vocabularies.
     """
     rate = profile.input_frames_per_second or 16000
     if profile.max_input_seconds:  # Whisper pads every input to its window
         seconds = min(seconds, profile.max_input_seconds)
-    input_length = max(1, round(seconds * rate))
+        input_length = max(1, round(profile.max_input_seconds * rate))
+    else:
+        input_length = max(1, round(seconds * rate))
     if label_length is None:
         per_second = (
             CHAR_LABELS_PER_SECOND if (profile.vocab_size or 0) <= 64 else SUBWORD_LABELS_PER_SECOND
