@@ -128,6 +128,16 @@ def test_simulate_sizes_the_input_as_the_feature_extractor_does(
 
 
 @pytest.mark.parametrize(("make_config", "extractor", "tolerance"), KINDS[1:3], ids=IDS[1:3])
+def test_simulate_sizes_an_adapters_input_as_the_feature_extractor_does(
+    make_config, extractor, tolerance
+) -> None:
+    from asrfit.memory.generic import speech_adapter
+
+    report = simulate(speech_adapter(make_config()), batch_size=BATCH, seconds=SECONDS)
+    assert abs(report.batch.input_length - _extractor_length(extractor())) <= tolerance
+
+
+@pytest.mark.parametrize(("make_config", "extractor", "tolerance"), KINDS[1:3], ids=IDS[1:3])
 def test_memory_cli_sizes_the_input_as_the_feature_extractor_does(
     make_config, extractor, tolerance, tmp_path: Path
 ) -> None:

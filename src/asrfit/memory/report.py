@@ -78,9 +78,17 @@ def resolve_adapter(model: Any, *, freeze_feature_encoder: bool = True) -> tuple
     Raises:
         UnsupportedModelError: For a module or config of an unsupported class.
     """
-    if isinstance(model, StepAdapter):
-        return model, None
     from asrfit.profiles.model import ModelProfile, load_config
+
+    if isinstance(model, StepAdapter):
+        # A transformers config behind the adapter tells the input's rate and window.
+        config = getattr(model, "config", None)
+        if config is None or not (hasattr(config, "to_dict") and hasattr(config, "model_type")):
+            return model, None
+        try:
+            return model, ModelProfile.from_spec(config)
+        except UnsupportedModelError:
+            return model, None
 
     if hasattr(model, "parameters") and callable(model.parameters):
         raise UnsupportedModelError(
