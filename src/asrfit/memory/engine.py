@@ -12,10 +12,9 @@ differentiates through ``weight.t()``, whose backward (``TBackward0``) hands the
 transposed view of the matmul's result. A tied embedding (Whisper's ``proj_out``,
 Speech2Text's ``lm_head``, any model whose ``_tied_weights_keys`` is set) is summed that
 way, so a plain step holds three vocabulary-by-width tensors at once. The in-place branch
-is skipped too when
-``at::isTensorSubclassLike`` is true, and that function returns true for every tensor
-while *any* ``TorchDispatchMode`` is active (``c10::impl::dispatch_mode_enabled()``) and for
-every fake tensor (Python dispatch key). The simulator traces under such a mode, so each
+is skipped too when ``at::isTensorSubclassLike`` is true, and that function returns true
+for every tensor while *any* ``TorchDispatchMode`` is active
+(``c10::impl::dispatch_mode_enabled()``) and for every fake tensor (Python dispatch key). The simulator traces under such a mode, so each
 accumulation there is ``old + new``: one more storage live until ``old`` is dropped. A
 real Parakeet-TDT step, whose loss sends many gradients into the same logits, peaks 6.5 %
 higher under a pass-through mode than without one (``bench/_truth.py``; issue 11).
@@ -23,8 +22,8 @@ higher under a pass-through mode than without one (``bench/_truth.py``; issue 11
 :func:`plain_accumulation` restores the plain behaviour in the trace. It hooks every node
 of the backward graph: a node's post-hook marks "the engine is now filling input buffers",
 the next node's pre-hook clears it. An ``aten.add.Tensor`` seen in that window is an
-input-buffer accumulation. After the backward pass, each such add whose first (else
-operand is a dense tensor of the output's size and not a view, dropped before the next
+input-buffer accumulation. After the backward pass, each such add whose first operand
+is a dense tensor of the output's size and not a view, dropped before the next
 allocation (the buffer held its last reference, as the in-place branch requires), is
 rewritten in the event log as in-place: the output takes over the operand's storage, so
 the new allocation and the operand's free cancel. The engine never writes into the second
