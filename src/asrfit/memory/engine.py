@@ -2,12 +2,19 @@
 
 When two or more gradients flow into the same tensor, PyTorch's autograd engine sums them
 in that tensor's input buffer (``InputBuffer::accumulate`` in
-``torch/csrc/autograd/input_buffer.cpp``). In a plain step it adds **in place** --
-``old.add_(new)`` when the buffer holds the last reference to a dense ``old``, else
-``new.add_(old)`` -- so no new storage appears. But the in-place branches are skipped when
-``at::isTensorSubclassLike`` is true, and that function returns true for every tensor
-while *any* ``TorchDispatchMode`` is active (``c10::impl::dispatch_mode_enabled()``) and for
-every fake tensor (Python dispatch key). The simulator traces under such a mode, so each
+``torch/csrc/autograd/input_buffer.cpp``). In a plain step it adds **in place**,
+``old.add_(new)``, when ``old`` (the contribution that arrived first) is non-overlapping and
+dense and the buffer holds the last reference to it *and to its storage*; otherwise it
+adds ``old + new`` out of place, even in a plain step. The storage test fails for a
+gradient that arrives as a view: autograd's view metadata keeps the view's base alive, so
+the storage has two owners. That is the common case for a weight used twice: ``F.linear``
+differentiates through ``weight.t()``, whose backward (``TBackward0``) hands the engine a
+transposed view of the matmul's result. A tied embedding (Whisper's ``proj_out``,
+Speech2Text's ``lm_head``, any model whose ``_tied_weights_keys`` is set) is summed that
+way, so a plain step holds three vocabulary-by-width tensors at once. The in-place branch
+is skipped too when ``at::isTensorSubclassLike`` is true, and that function returns true
+for every tensor while *any* ``TorchDispatchMode`` is active
+(``c10::impl::dispatch_mode_enabled()``) and for every fake tensor (Python dispatch key). The simulator traces under such a mode, so each
 accumulation there is ``old + new``: one more storage live until ``old`` is dropped. A
 real Parakeet-TDT step, whose loss sends many gradients into the same logits, peaks 6.5 %
 higher under a pass-through mode than without one (``bench/_truth.py``; issue 11).
@@ -15,11 +22,12 @@ higher under a pass-through mode than without one (``bench/_truth.py``; issue 11
 :func:`plain_accumulation` restores the plain behaviour in the trace. It hooks every node
 of the backward graph: a node's post-hook marks "the engine is now filling input buffers",
 the next node's pre-hook clears it. An ``aten.add.Tensor`` seen in that window is an
-input-buffer accumulation. After the backward pass, each such add whose first (else
-second) operand is a dense tensor of the output's size, dropped before the next
+input-buffer accumulation. After the backward pass, each such add whose first operand
+is a dense tensor of the output's size and not a view, dropped before the next
 allocation (the buffer held its last reference, as the in-place branch requires), is
 rewritten in the event log as in-place: the output takes over the operand's storage, so
-the new allocation and the operand's free cancel.
+the new allocation and the operand's free cancel. The engine never writes into the second
+operand of a dense sum, so neither does the rewrite.
 
 :func:`plain_composites` does the same for composite ATen code that makes the same test
 (CPU attention's math path adding its mask, ``gather``'s backward); see the comment above it.
@@ -32,6 +40,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from asrfit.memory.values import device_query
@@ -75,7 +84,8 @@ class _AccumulationWatcher(TorchDispatchMode):
             and len(args) == 2
             and all(isinstance(a, torch.Tensor) for a in args)
         ):
-            self._record(args[0], args[1], out)
+            # A view's base keeps its storage alive: the engine's last-reference test fails.
+            self._record(None if args[0]._is_view() else args[0], None, out)
         return out
 
     def _key(self, t: torch.Tensor) -> int | None:
@@ -93,7 +103,7 @@ class _AccumulationWatcher(TorchDispatchMode):
             dense = (
                 t.shape == out.shape
                 and t.dtype == out.dtype
-                and t.is_contiguous()
+                and is_non_overlapping_and_dense_or_false(t)
                 and t.storage_offset() == 0
                 and t.untyped_storage().nbytes() == out.untyped_storage().nbytes()
             )

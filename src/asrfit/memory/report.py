@@ -79,9 +79,17 @@ def resolve_adapter(model: Any, *, freeze_feature_encoder: bool = True) -> tuple
     Raises:
         UnsupportedModelError: For a module or config of an unsupported class.
     """
-    if isinstance(model, StepAdapter):
-        return model, None
     from asrfit.profiles.model import ModelProfile, load_config
+
+    if isinstance(model, StepAdapter):
+        # A transformers config behind the adapter tells the input's rate and window.
+        config = getattr(model, "config", None)
+        if config is None or not (hasattr(config, "to_dict") and hasattr(config, "model_type")):
+            return model, None
+        try:
+            return model, ModelProfile.from_spec(config)
+        except UnsupportedModelError:
+            return model, None
 
     if hasattr(model, "parameters") and callable(model.parameters):
         raise UnsupportedModelError(
@@ -138,13 +146,19 @@ def batch_for_seconds(
 ) -> BatchShape:
     """The padded batch shape of ``batch_size`` utterances of ``seconds`` for a model profile.
 
-    Label length defaults to 15 characters per second for character vocabularies (<= 64
-    symbols) and 4 tokens per second for subword vocabularies.
+    The input length is in the model's input units: samples for raw audio, feature frames
+    at the feature extractor's hop (and stacking) for features
+    (:func:`asrfit.profiles.model_build.input_steps_per_second`), and the whole window for
+    a model that pads every input to a fixed window (Whisper's 30 s). Label length defaults
+    to 15 characters per second for character vocabularies (<= 64 symbols) and 4 tokens
+    per second for subword vocabularies.
     """
     rate = profile.input_frames_per_second or 16000
     if profile.max_input_seconds:  # Whisper pads every input to its window
         seconds = min(seconds, profile.max_input_seconds)
-    input_length = max(1, round(seconds * rate))
+        input_length = max(1, round(profile.max_input_seconds * rate))
+    else:
+        input_length = max(1, round(seconds * rate))
     if label_length is None:
         per_second = (
             CHAR_LABELS_PER_SECOND if (profile.vocab_size or 0) <= 64 else SUBWORD_LABELS_PER_SECOND

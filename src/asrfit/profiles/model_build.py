@@ -114,7 +114,94 @@ def describe(
         out["input_kind"] = {"input_values": "waveform", "input_features": "log_mel"}.get(
             main_input
         )
+        if out["input_kind"] is not None:
+            rate, sampling_rate = input_steps_per_second(config, out["input_kind"])
+            out.update(input_frames_per_second=rate, sampling_rate=sampling_rate)
     return out
+
+
+# transformers' auto table names the waveform extractor for wav2vec2-bert, whose published
+# checkpoints (facebook/w2v-bert-2.0) ship SeamlessM4T's stacked filterbank extractor.
+_FEATURE_EXTRACTOR_OF = {"wav2vec2-bert": "SeamlessM4TFeatureExtractor"}
+# Filterbank extractors without a hop_length attribute (Speech2Text, SeamlessM4T) hard-code
+# Kaldi's 10 ms frame shift (hop_length=160 at 16 kHz in their code).
+FBANK_HOP_SECONDS = 0.010
+
+
+def _feature_extractor_facts(config: PretrainedConfig) -> dict[str, Any]:
+    """sampling_rate, hop_length and stride of the model's feature extractor, where known.
+
+    A local model folder's ``preprocessor_config.json`` wins; otherwise the defaults of the
+    extractor class that transformers' auto table (or :data:`_FEATURE_EXTRACTOR_OF`) names
+    for the config's ``model_type``.
+    """
+    import json
+    from pathlib import Path
+
+    facts: dict[str, Any] = {}
+    model_type = getattr(config, "model_type", None)
+    name = _FEATURE_EXTRACTOR_OF.get(model_type)
+    if name is None:
+        try:
+            from transformers.models.auto.feature_extraction_auto import (
+                FEATURE_EXTRACTOR_MAPPING_NAMES,
+            )
+
+            name = FEATURE_EXTRACTOR_MAPPING_NAMES.get(model_type)
+        except ImportError:  # an older transformers without the table
+            name = None
+    if name is not None:
+        import transformers
+
+        extractor_class = getattr(transformers, name, None)
+        if extractor_class is not None:
+            defaults = inspect_defaults(extractor_class.__init__)
+            facts.update(
+                {k: defaults[k] for k in ("sampling_rate", "hop_length", "stride") if k in defaults}
+            )
+    folder = Path(str(getattr(config, "_name_or_path", "") or ""))
+    local = folder / "preprocessor_config.json"
+    if str(folder) and local.is_file():
+        try:
+            saved = json.loads(local.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = {}
+        facts.update({k: saved[k] for k in ("sampling_rate", "hop_length", "stride") if k in saved})
+    return facts
+
+
+def inspect_defaults(function: Any) -> dict[str, Any]:
+    """The default values of a function's keyword parameters."""
+    import inspect
+
+    return {
+        name: p.default
+        for name, p in inspect.signature(function).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+def input_steps_per_second(config: PretrainedConfig, input_kind: str) -> tuple[float, int]:
+    """Model-input steps per audio second (samples, or feature frames) and the sampling rate.
+
+    Raw audio: the extractor's sampling rate. Feature frames: sampling rate / hop length /
+    stride (frames the extractor stacks into one, as SeamlessM4T's does for wav2vec2-bert),
+    with a 10 ms hop for filterbank extractors that have no ``hop_length``.
+
+    Args:
+        config: The model config.
+        input_kind: ``"waveform"`` or ``"log_mel"``.
+
+    Returns:
+        ``(steps per second, sampling rate in Hz)``.
+    """
+    facts = _feature_extractor_facts(config)
+    sampling_rate = int(facts.get("sampling_rate") or SAMPLING_RATE_HZ)
+    if input_kind == "waveform":
+        return float(sampling_rate), sampling_rate
+    hop = facts.get("hop_length") or round(sampling_rate * FBANK_HOP_SECONDS)
+    stride = int(facts.get("stride") or 1)
+    return sampling_rate / hop / stride, sampling_rate
 
 
 def build_model(

@@ -1,0 +1,62 @@
+"""One real-scale step (``bench/_heldout_scale.py``) with config fields overridden, predicted
+against the plain step at the allocator.
+
+Run: ``PYTHONPATH=src .venv/bin/python bench/scale_case_check.py --case "wav2vec2-base fp32
+adamw" --set layerdrop=0.0``. Prints the predicted and measured bytes of the first case whose
+name starts with ``--case``, its config changed by each ``--set field=value`` (a JSON value):
+to ask what a miss of the split comes from without changing the split's cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _heldout_scale  # noqa: E402
+import _truth  # noqa: E402
+
+from asrfit.memory.generic import speech_adapter  # noqa: E402
+from asrfit.memory.simulate import simulate_step  # noqa: E402
+
+
+def main() -> None:
+    """Run the case and print one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", required=True, help="the start of a case's name")
+    parser.add_argument("--set", nargs="*", default=[], help="config field=JSON value")
+    args = parser.parse_args()
+    cases = _heldout_scale.held_out_scale() + _heldout_scale.diagnosis_scale()
+    found = [c for c in cases if c.name.startswith(args.case)]
+    if not found:
+        raise SystemExit(f"no case starts with {args.case!r}; names: {[c.name for c in cases]}")
+    case = found[0]
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+
+    def config():  # noqa: ANN202
+        made = case.make_config()
+        for key, value in overrides.items():
+            setattr(made, key, value)
+        return made
+
+    sim = simulate_step(speech_adapter(config()), case.batch, case.setup, target="cpu")
+    real = _truth.measure_adapter_step(speech_adapter(config()), case.batch, case.setup)
+    error = 100.0 * (sim.peak_raw_bytes - real.peak_bytes) / real.peak_bytes
+    print(
+        json.dumps(
+            {
+                "case": case.name,
+                "overrides": overrides,
+                "predicted_bytes": sim.peak_raw_bytes,
+                "measured_bytes": real.peak_bytes,
+                "error_pct": round(error, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
