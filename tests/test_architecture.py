@@ -8,6 +8,7 @@ string constant that names an asrfit module). docs/architecture.md explains the 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -179,3 +180,16 @@ def test_no_source_file_over_500_lines():
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     )
     assert not too_long, "split these along a responsibility:\n" + "\n".join(too_long)
+
+
+def test_source_states_no_history() -> None:
+    """Provenance (dates, issue numbers) lives in git and docs/history.md, not in src/."""
+    pattern = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b[Ii]ssue \d+\b")
+    found = [
+        f"{path.relative_to(SRC)}:{n}"
+        for path in sorted(SRC.rglob("*"))
+        if path.suffix in {".py", ".json"} and "egg-info" not in str(path)
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if pattern.search(line)
+    ]
+    assert not found, f"dates or issue numbers in source: {found}"

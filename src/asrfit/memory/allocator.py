@@ -46,7 +46,7 @@ EXPANDABLE_PAGES_BOUND_BYTES = SMALL_PAGE_BYTES + LARGE_PAGE_BYTES
 # cuBLAS and cuBLASLt workspaces PyTorch allocates through the caching allocator, per
 # stream/handle; configurations differ by architecture. Hopper: 65.0 MiB measured on an
 # H200 (torch 2.11.0+cu130: fp32 and bf16 linear forward + backward in a fresh process,
-# bench/validate_gpu.py, 2026-11-27), where NVIDIA recommends 32 MiB for the cuBLAS one
+# bench/validate_gpu.py), where NVIDIA recommends 32 MiB for the cuBLAS one
 # alone. Other architectures: PyTorch's default configuration (not measured yet).
 CUBLAS_WORKSPACE_BYTES = {"hopper": 65 * MIB, "default": 8 * MIB + 8 * 16 * 1024}
 CUDA_CONTEXT_BYTES = 512 * MIB  # same allowance the hardware probe uses for its own context
@@ -89,11 +89,10 @@ def segment_overhead_bytes(block_sizes: list[int], *, expandable: bool = False) 
     (classic segments, :func:`segment_bytes`; with ``expandable``, :func:`expandable_segment_bytes`).
 
     A traced step's segment figure is its peak plus this overhead of the blocks live at the
-    peak. Until 2026-11-27 it was :func:`segment_bytes` of those blocks, and the blocks
-    counted live then included some that the in-place accumulation of gradients
-    (:mod:`asrfit.memory.engine`) had freed (wav2vec2-base, fp32, batch 64 x 16 s: 44.9 GiB
-    of blocks at a 41.2 GiB peak). They now net out to the peak; adding only the overhead to
-    the peak also keeps the figure at the peak where block counts are extrapolated from
+    peak. Counting :func:`segment_bytes` of the blocks alone would count blocks that the
+    in-place accumulation of gradients (:mod:`asrfit.memory.engine`) has freed (wav2vec2-base,
+    fp32, batch 64 x 16 s: 44.9 GiB of blocks at a 41.2 GiB peak); adding only the overhead to
+    the peak nets them out, and also keeps the figure at the peak where block counts are extrapolated from
     traces at reduced depth (:mod:`asrfit.memory.depth`).
     """
     held = expandable_segment_bytes(block_sizes) if expandable else segment_bytes(block_sizes)

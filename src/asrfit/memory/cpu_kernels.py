@@ -8,7 +8,7 @@ of CPU memory escape a tensor-level trace:
    buffers, converts dtypes; ATen kernels make ``.contiguous()`` copies of strided inputs.
    Which primitive runs depends on the instruction set (AVX2, AVX-512, AMX), the thread
    count and the layouts, so the same step has different scratch on different machines
-   (issue 11: a hubert fp32 step was 6.8 % under on one CPU and exact on another).
+   (a hubert fp32 step was 6.8 % under on one CPU and exact on another).
 2. **Outputs whose meta size is wrong.** ``mkldnn_rnn_layer``'s meta returns a 0-byte
    workspace, while the real kernel returns the oneDNN RNN workspace (gate activations
    and states of every time step, saved for the backward pass).
@@ -36,7 +36,7 @@ CTC backward, log-softmax, ``logsumexp`` and dimension reductions; none in fp32
 (matmuls are, with 16-bit operands, where oneDNN may convert or pack). An op outside the
 list that allocates scratch on another CPU is not seen.
 
-The held-out wav2vec2-bert step (issue 11, -1.76 %) showed what such a list misses: the
+A held-out wav2vec2-bert step (-1.76 %) showed what such a list misses: the
 tracker sees an op whose CPU implementation is *composite* as one op. CPU SDPA's math path
 (taken in training when the mask needs a gradient, as relative-position biases do) calls
 ``_safe_softmax``, which runs ``softmax``, then ``isneginf`` (a boolean copy of the scores)

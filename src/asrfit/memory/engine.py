@@ -17,7 +17,7 @@ for every tensor while *any* ``TorchDispatchMode`` is active
 (``c10::impl::dispatch_mode_enabled()``) and for every fake tensor (Python dispatch key). The simulator traces under such a mode, so each
 accumulation there is ``old + new``: one more storage live until ``old`` is dropped. A
 real Parakeet-TDT step, whose loss sends many gradients into the same logits, peaks 6.5 %
-higher under a pass-through mode than without one (``bench/_truth.py``; issue 11).
+higher under a pass-through mode than without one (``bench/_truth.py``).
 
 :func:`plain_accumulation` restores the plain behaviour in the trace. It hooks every node
 of the backward graph: a node's post-hook marks "the engine is now filling input buffers",

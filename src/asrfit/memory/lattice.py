@@ -4,8 +4,8 @@ transformers' TDT loss (``transformers.loss.loss_tdt.tdt_loss``) fills its ``(fr
 labels)`` lattice one anti-diagonal ``n = t + u`` at a time, in a Python loop of
 ``T + U - 2`` iterations that each run the same few dozen small ops on tensors of the
 diagonal's length ``d_n``. On fake tensors every op costs the same whatever its size, so
-a Parakeet-TDT trace spent about three quarters of its time in that loop and its backward
-(issue 12). What the loop leaves behind is simple:
+a Parakeet-TDT trace spent about three quarters of its time in that loop and its backward.
+What the loop leaves behind is simple:
 
 - **memory**: each iteration keeps the tensors autograd saves for its backward (the stacked
   candidates, the log-sum-exp, the gather indices, the masks), every one of them ``d_n``

@@ -23,7 +23,7 @@ and ``empty`` allocations run no kernel and are not counted.
 A copy whose source is laid out in another order than its destination (a transposed
 tensor made contiguous) is of kind **layout**: it reads with a stride and runs several
 times slower than a streaming copy (``asrfit.profiles.host``: 1.5-7 GB/s against 27-88
-GB/s for ``add`` on the Intel Xeon of 2026-11-27). Some kernels make such a copy
+GB/s for ``add`` on a 2-core Intel Xeon). Some kernels make such a copy
 themselves before they run (:data:`CONTIGUOUS_INPUTS`: layer and group norm, softmax and
 convolution call ``.contiguous()`` on their inputs, forward and backward): the copy
 happens below the dispatcher, where a fake tensor never sees it, so each non-contiguous

@@ -1,7 +1,7 @@
 """Kernel-internal scratch memory: CPU convolutions (oneDNN) for ``target="cpu"`` traces,
 and CUDA layer norm's contiguous copy for ``target="cuda"`` (:data:`CUDA_SCRATCH`).
 
-Since issue 11 the simulator measures each CPU kernel's scratch on this CPU instead
+The simulator measures each CPU kernel's scratch on this CPU instead
 (:mod:`asrfit.memory.cpu_kernels`; :func:`scratch_rules` with a tracker); the rules below
 remain for ``scratch_rules("cpu")`` without a tracker. On held-out shapes they missed by up
 to -11 % (a Conformer's Conv2d subsampling backward holds about twice its input, not

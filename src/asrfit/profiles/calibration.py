@@ -118,7 +118,7 @@ class Calibration(JsonDataclass):
         return min(extra, usable_bytes)
 
     def where(self) -> str:
-        """One phrase naming the calibration, e.g. ``calibrated on NVIDIA L4 (2026-11-28)``."""
+        """One phrase naming the calibration, e.g. ``calibrated on NVIDIA L4 (<date>)``."""
         return f"calibrated on {self.key.get('device', self.device)} ({self.written[:10]})"
 
 

@@ -255,8 +255,8 @@ def _kind_bandwidths() -> dict[str, float]:
 def _layout_copy(x: Any, out: Any) -> Any:
     """Copy ``x`` as (4, T, 64) into ``out`` as (4, 64, T), as a kernel's ``.contiguous()``
     of a transposed (batch, time, channels) tensor does: not a 2-D transpose, which PyTorch
-    copies with a blocked kernel that 3-D tensors never reach (16 MiB arrays on the Intel
-    Xeon of 2026-11-27: 8.8 GB/s for a 2-D transpose, 1.5 GB/s for this one)."""
+    copies with a blocked kernel that 3-D tensors never reach (16 MiB arrays on a 2-core
+    Intel Xeon: 8.8 GB/s for a 2-D transpose, 1.5 GB/s for this one)."""
     return out.view(4, 64, -1).copy_(x.reshape(4, -1, 64).transpose(1, 2))
 
 
@@ -274,8 +274,8 @@ def _kind_bandwidth_curves() -> dict[str, dict[str, list[list[float]]]]:
     1.1-1.2 GB/s from 256 KiB to 16 MiB on the development machine, while ``add`` ran at 90
     GB/s at 256 KiB and 27 GB/s at 16 MiB: docs/step_time.md); scaling them by ``add``'s
     curve priced a dropout mask of a small step 4-5x too cheap. A transposing copy reads
-    with a stride: 6-7 GB/s at 256 KiB and 2 MiB and 1.5 GB/s at 16 MiB on the Intel Xeon
-    of 2026-11-27, where ``add`` streamed at 27-88 GB/s.
+    with a stride: 6-7 GB/s at 256 KiB and 2 MiB and 1.5 GB/s at 16 MiB on a 2-core
+    Intel Xeon, where ``add`` streamed at 27-88 GB/s.
     """
     import torch
     import torch.nn.functional as F
@@ -319,7 +319,7 @@ def _bandwidth_curve() -> list[list[float]]:
     step once glibc keeps freed memory (:mod:`asrfit.train.host_allocator`, what ``asrfit
     train`` does on a CPU); with glibc's defaults an output above its largest mmap
     threshold (32 MiB) is a fresh mapping whose pages the kernel faults in and zeroes on
-    every step (on the AMD EPYC development machine of 2026-11-24: 14 GB/s at 32 MiB and
+    every step (on a 2-core AMD EPYC: 14 GB/s at 32 MiB and
     above against 53 GB/s into an existing array), which ``bench/host_allocator.py``
     measures."""
     import torch

@@ -20,9 +20,8 @@ from asrfit.utils.serialization import JsonDataclass
 # Share of the datasheet peak that large cuBLAS/cuDNN GEMMs reach in training (dense
 # tensor-core GEMMs of the sizes ASR encoders use run at 60-80 % of peak on A100/H100/L4),
 # and of the datasheet bandwidth that streaming elementwise kernels reach (80-90 %).
-# Stated assumptions; the H200 runs of 2026-11-27 (docs/benchmarks.md) timed three steps
-# with more device than host time (wav2vec2-base 32 x 8 s fp32 -6 %, bf16 -13 %, whisper-base
-# bf16 32 x 30 s +15 %, host + device time), which checks neither figure alone.
+# Stated assumptions: the GPU runs in docs/benchmarks.md time whole steps, which check neither
+# figure alone; `asrfit calibrate` measures both on the user's GPU.
 GPU_MATMUL_EFFICIENCY = 0.7
 GPU_BANDWIDTH_EFFICIENCY = 0.85
 # A GPU kernel's smallest duration plus the gap between launches (~5 us), on the device.
@@ -31,7 +30,7 @@ GPU_KERNEL_SECONDS = 5e-6
 # caching allocator and the launch), ``{kind: [forward, backward]}``, per integer-index
 # kernel and per optimizer kernel: asrfit.profiles.host_kernels' micro-benchmarks run on
 # CUDA tensors (``bench/gpu_host.py``, the better of two passes) on the host of a lent
-# H200 (16 cores of an "Intel Xeon Processor", torch 2.11.0+cu130, 2026-11-27). The same
+# H200 (16 cores of an "Intel Xeon Processor", torch 2.11.0+cu130). The same
 # host ran the CPU versions at 3.7 / 5.5 us per elementwise kernel: a CUDA kernel costs
 # the host about twice a CPU one. Every catalog GPU is priced with these figures: they are
 # a host's, and the planning machine's own are not measured (a GPU's host may be slower).
@@ -331,8 +330,8 @@ def best_of(a: DeviceRates, b: DeviceRates) -> DeviceRates:
     """Figure by figure the better of two measurements of one machine: the higher of each
     rate (``*_per_second``, ``rate_curves``), the lower of each fixed or per-call time
     (``*seconds*``). A pass of micro-benchmarks that met a busy moment (another process on
-    the core for a few seconds: every figure of one pass 1.3-1.5x slower on the Intel Xeon
-    of 2026-11-27) loses where it was slow. Everything else comes from ``a``."""
+    the core for a few seconds: every figure of one pass 1.3-1.5x slower on a
+    shared 2-core host) loses where it was slow. Everything else comes from ``a``."""
     first, second = a.to_dict(), b.to_dict()
     merged = {}
     for key, value in first.items():
