@@ -31,6 +31,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -407,6 +408,9 @@ def run_demo(folder: Path, device: str, seconds: float) -> dict:
             (epoch.get("dev") or {}).pop("examples", None)
         (data.get("test") or {}).pop("examples", None)
         row["report"] = data
+        plan_file = run / "plan.json"
+        if plan_file.exists():
+            row["plan_rests_on"] = json.loads(plan_file.read_text(encoding="utf-8"))["rests_on"]
     row["seconds"] = time.perf_counter() - started
     return row
 
@@ -448,8 +452,10 @@ def measure(folder: Path, predictions: Path, dry_run: bool, work: Path | None = 
         try:
             from asrfit.train.calibrate import calibrate
 
-            calibration, path = calibrate("cuda", out=folder / "calibration.json", say=print)
-            record("calibrate", {"file": path.name, "seconds": calibration.seconds})
+            # written where plans look (the demo's plan then rests on it), kept in ``folder``
+            calibration, path = calibrate("cuda", say=print)
+            shutil.copyfile(path, folder / "calibration.json")
+            record("calibrate", {"file": str(path), "seconds": calibration.seconds})
         except Exception as exc:  # noqa: BLE001  (reported; the other phases still run)
             record("calibrate", {"failure": f"{type(exc).__name__}: {exc}"[:500]})
     rows: list = []
@@ -521,6 +527,8 @@ def render(predictions: Path, folder: Path) -> str:
     if (folder / "calibration.json").exists():
         calibrated = read_calibration(folder / "calibration.json").apply()
     lines = [
+        f"### Run on {meas['gpu']}, {meas['started']}",
+        "",
         f"Measured on {meas['gpu']} (torch {meas['torch']}, transformers "
         f"{meas['transformers']}), {meas['started']}; predictions for the catalog {pred['gpu']} "
         f"made before the run (torch {pred['torch']}, transformers {pred['transformers']}).",
@@ -536,7 +544,7 @@ def render(predictions: Path, folder: Path) -> str:
             else []
         ),
         "",
-        "### Held-out steps (no rule was written on them)",
+        "#### Held-out steps (no rule was written on them)",
         "",
         "| case | alloc. pred. MiB | measured | error | reserved pred. | measured | error "
         "| time pred. ms | calibrated ms | measured ms | error | calibrated error |",
@@ -576,7 +584,7 @@ def render(predictions: Path, folder: Path) -> str:
         f"figures: {_summary(tim)}; calibrated (`asrfit calibrate` on this GPU, the "
         f"committed kernel rows re-timed): {_summary(cal)}.",
         "",
-        f"### Out-of-memory boundaries at full size (allocator capped at "
+        f"#### Out-of-memory boundaries at full size (allocator capped at "
         f"{BUDGET_BYTES / 2**30:.0f} GiB)",
         "",
         "| config | predicted largest batch | largest batch that runs | error | trials "
@@ -611,7 +619,7 @@ def render(predictions: Path, folder: Path) -> str:
         f"batch that runs. Full-size step time (catalog figures): {_summary(full)}.",
     ]
     demo = phases.get("demo", {})
-    lines += ["", "### `asrfit train --gpu auto` on the demo corpus", ""]
+    lines += ["", "#### `asrfit train --gpu auto` on the demo corpus", ""]
     if "failure" in demo:
         lines.append(f"Failed: {demo['failure']}.")
     elif demo.get("report"):
@@ -624,6 +632,9 @@ def render(predictions: Path, folder: Path) -> str:
             f"epoch {last['wall_seconds']:.1f} s measured, {last['predicted_seconds']:.1f} s "
             "predicted by the plan."
         )
+        calibrated = [line for line in demo.get("plan_rests_on", []) if "calibration" in line]
+        if calibrated:
+            lines.append(f"The plan's `rests_on`: {calibrated[0]}")
     return "\n".join(lines)
 
 
@@ -634,7 +645,7 @@ def main() -> None:
     parser.add_argument(
         "--predictions", type=Path, default=Path("bench/data/gpu-check-predictions.json")
     )
-    parser.add_argument("--render", type=Path, help="render the run in this folder")
+    parser.add_argument("--render", type=Path, nargs="+", help="render the runs in these folders")
     parser.add_argument("--out", type=Path, help="with --render: write the section into this file")
     parser.add_argument("--commit", default="", help="with --out: the commit the run ran on")
     parser.add_argument("--dry-run", action="store_true", help="tiny cases on this CPU")
@@ -645,7 +656,7 @@ def main() -> None:
     if args.measure:
         measure(args.measure, args.predictions, args.dry_run, args.work)
     if args.render:
-        body = render(args.predictions, args.render)
+        body = "\n\n".join(render(args.predictions, folder) for folder in args.render)
         print(body)
         if args.out:
             from _report import write_section
@@ -654,7 +665,7 @@ def main() -> None:
                 "`PYTHONPATH=src HF_HUB_OFFLINE=1 python3 bench/gpu_check.py --measure $OUT/gc` "
                 "on the GPU (its predictions: `PYTHONPATH=src .venv/bin/python bench/gpu_check.py "
                 "--predict bench/data/gpu-check-predictions.json`, committed first); rendered with "
-                f"`python bench/gpu_check.py --render {args.render} --out {args.out}`"
+                f"`python bench/gpu_check.py --render {' '.join(map(str, args.render))} --out {args.out}`"
             )
             stamp = f"Commit {args.commit or 'unknown'}. Command: {command}."
             write_section(args.out, SECTION, f"## {TITLE}\n\n{stamp}\n\n{body}")
