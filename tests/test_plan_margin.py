@@ -33,3 +33,30 @@ def test_margin_too_thin_is_lowered(monkeypatch) -> None:
     usable, reason = margin.applied_margin(98_000, 0.98)
     assert usable == int(98_000 * 0.97)
     assert "lowered" in reason
+
+
+def test_gpu_constant_covers_every_gpu_check_run() -> None:
+    """WORST_GPU_RESERVED_UNDER_PREDICTION_PCT covers every committed GPU check: its held-out
+    steps' reserved memory (predicted against max_memory_reserved) and its boundaries (a
+    predicted largest batch above the one that ran is an under-prediction)."""
+    import json
+
+    data = Path(__file__).resolve().parents[1] / "bench" / "data"
+    predictions = json.loads((data / "gpu-check-predictions.json").read_text(encoding="utf-8"))
+    predicted = {r["case"]: r for r in predictions["heldout"]}
+    boundaries = {r["case"]: r["predicted_batch"] for r in predictions["boundary"]}
+    runs = sorted(data.glob("gpu-check-*/gpu_check.json"))
+    assert runs, "no committed GPU check run"
+    worst, compared = 0.0, 0
+    for run in runs:
+        phases = json.loads(run.read_text(encoding="utf-8"))["phases"]
+        for row in phases["heldout"]:
+            if "reserved_bytes" in row:
+                shortfall = 1.0 - predicted[row["case"]]["reserved_bytes"] / row["reserved_bytes"]
+                worst, compared = max(worst, 100.0 * shortfall), compared + 1
+        for row in phases["boundary"]:
+            if row.get("largest_batch"):
+                over = boundaries[row["case"]] / row["largest_batch"] - 1.0
+                worst, compared = max(worst, 100.0 * over), compared + 1
+    assert compared >= 10
+    assert worst <= margin.WORST_GPU_RESERVED_UNDER_PREDICTION_PCT
