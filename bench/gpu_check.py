@@ -46,6 +46,8 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
 
+from asrfit.train.calibrate import median_seconds  # noqa: E402
+
 GPU = "H100-80GB"  # the catalog entry the predictions are made for
 BUDGET_BYTES = 40 * 2**30  # the allocator's cap in the boundary search (fits an H100 and an H200)
 TIME_LIMIT_SECONDS = 470.0
@@ -224,17 +226,6 @@ def _sync(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
 
-def _median(run: Callable[[], None], device: str, repeats: int) -> float:
-    sync, times = _sync(device), []
-    for _ in range(repeats):
-        sync()
-        started = time.perf_counter()
-        run()
-        sync()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 class RealModel:
     """One model on the device with its optimizer, reused across batch sizes."""
 
@@ -285,7 +276,7 @@ def measure_heldout(step: Step, device: str) -> dict:
         row["allocated_bytes"] = torch.cuda.max_memory_allocated() - real.base_allocated
         row["reserved_bytes"] = torch.cuda.max_memory_reserved() - real.base_reserved
     real.run(inputs)
-    row["step_seconds"] = _median(lambda: real.run(inputs), device, 5)
+    row["step_seconds"] = median_seconds(lambda: real.run(inputs), _sync(device), 5)
     real.release()
     return row
 
@@ -325,7 +316,9 @@ def measure_boundary(step: Step, predicted: int, device: str, deadline: float) -
 
     if predicted > 0 and fits(predicted):
         inputs = real.inputs(predicted)
-        row["step_seconds_at_predicted"] = _median(lambda: real.run(inputs), device, 3)
+        row["step_seconds_at_predicted"] = median_seconds(
+            lambda: real.run(inputs), _sync(device), 3
+        )
         inputs = None
         real.release()
     row["largest_batch"] = search_from(predicted, fits)
@@ -333,17 +326,19 @@ def measure_boundary(step: Step, predicted: int, device: str, deadline: float) -
     return row
 
 
-def search_from(start: int, fits: Callable[[int], bool]) -> int:
-    """The largest ``b`` with ``fits(b)``: steps of ``start // 32`` doubling away from
-    ``start`` until ``fits`` changes, then bisection (0 if none fits)."""
+def search_from(start: int, fits: Callable[[int], bool], limit: int = MAX_BATCH) -> int:
+    """The largest ``b`` with ``fits(b)``, searched outwards from ``start`` (a prediction):
+    steps of ``start // 32`` doubling away from it until ``fits`` changes, then bisection (0
+    if none fits; nothing above ``limit`` is tried). Near a good prediction this takes a few
+    trials where doubling from 1 takes many."""
     start = max(start, 1)
     step = max(1, start // 32)
     if fits(start):
         low, high = start, start + step
-        while high <= MAX_BATCH and fits(high):
+        while high <= limit and fits(high):
             low, step = high, step * 2
             high = low + step
-        high = min(high, MAX_BATCH + 1)
+        high = min(high, limit + 1)
     else:
         high, low = start, start - step
         while low > 0 and not fits(low):

@@ -104,7 +104,8 @@ def solve_scales(small: TimedShape, large: TimedShape, gpu: bool) -> tuple[float
     return h, d
 
 
-def _median_seconds(run: Callable[[], None], sync: Callable[[], None], repeats: int) -> float:
+def median_seconds(run: Callable[[], None], sync: Callable[[], None], repeats: int) -> float:
+    """The median wall time of ``repeats`` calls of ``run``, each between two ``sync()``."""
     times = []
     for _ in range(repeats):
         sync()
@@ -134,7 +135,7 @@ def _gpu_rates(device: str, spec: Any, say: Callable[[str], None]) -> tuple[Devi
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
         a @ b
-        seconds = min(_median_seconds(lambda a=a, b=b: a @ b, sync, 5) for _ in range(2))
+        seconds = min(median_seconds(lambda a=a, b=b: a @ b, sync, 5) for _ in range(2))
         matmul[name] = 2 * n**3 / seconds
         del a, b
     measured["matmul_flops_per_second"] = matmul
@@ -144,7 +145,7 @@ def _gpu_rates(device: str, spec: Any, say: Callable[[str], None]) -> tuple[Devi
         x = torch.randn(batch, channels, length, device=device, dtype=dtype)
         w = torch.randn(channels, channels, kernel, device=device, dtype=dtype)
         torch.nn.functional.conv1d(x, w, padding=kernel // 2)
-        seconds = _median_seconds(
+        seconds = median_seconds(
             lambda x=x, w=w: torch.nn.functional.conv1d(x, w, padding=kernel // 2), sync, 5
         )
         conv[name] = 2 * batch * channels * channels * kernel * length / seconds
@@ -153,7 +154,7 @@ def _gpu_rates(device: str, spec: Any, say: Callable[[str], None]) -> tuple[Devi
     source = torch.empty(128 << 20, device=device)  # 512 MiB of fp32
     target = torch.empty_like(source)
     target.copy_(source)
-    seconds = _median_seconds(lambda: target.copy_(source), sync, 5)
+    seconds = median_seconds(lambda: target.copy_(source), sync, 5)
     measured["memory_bytes_per_second"] = 2 * source.numel() * 4 / seconds
     source = target = None  # freed before the host measurements
     say(
@@ -247,7 +248,7 @@ def _time_shape(
         reserved = torch.cuda.max_memory_reserved()
     else:
         step(inputs)
-    seconds = _median_seconds(lambda: step(inputs), sync, repeats)
+    seconds = median_seconds(lambda: step(inputs), sync, repeats)
     model = step = inputs = None  # freed before the next shape
     gc.collect()
     return TimedShape(
