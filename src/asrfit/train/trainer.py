@@ -62,6 +62,7 @@ from asrfit.train.host_allocator import keep_freed_host_memory
 from asrfit.train.interrupt import InterruptRequest, TrainingInterrupted
 from asrfit.train.oom import BucketOOMCounter, OOMEvent
 from asrfit.train.preflight import PreflightResult, preflight_trainer
+from asrfit.train.preflight_limits import apply_preflight
 from asrfit.train.step import StepMixin, set_dataset_epoch
 from asrfit.utils.io import Pathlike
 
@@ -195,6 +196,7 @@ class MemoryEfficientTrainer(StepMixin):
         self.oom_events: list[OOMEvent] = []
         self.interrupts = InterruptRequest()  # Ctrl-C: checkpoint after the step, then stop
         self.preflight_results: list[PreflightResult] = []
+        self.preflight_notes: list[str] = []
         self.info = DataInfo()
         self._sampler_cache: dict[int, tuple[Any, DataInfo]] = {}
         self.sampler: Any = None
@@ -390,10 +392,16 @@ class MemoryEfficientTrainer(StepMixin):
     def preflight(self) -> list[PreflightResult]:
         """Run the pessimistic batches (forward + backward, no step); see :mod:`asrfit.train.preflight`.
 
+        Where a batch held more than the plan predicted, the bucket's limit comes down before
+        the first optimizer step (:func:`~asrfit.train.preflight_limits.apply_preflight`:
+        :attr:`plan`, the micro-batch limits and this machine's calibration); what it changed,
+        and passes whose time is far from the plan's, are in :attr:`preflight_notes`.
+
         Raises:
             BatchTooLargeError: One ran out of memory (saved to ``out_dir``).
         """
         self.preflight_results = preflight_trainer(self)
+        self.preflight_notes = apply_preflight(self, self.preflight_results)
         return self.preflight_results
 
     def _loop(
