@@ -287,3 +287,22 @@ def test_step_time_notes_name_passes_off_by_more_than_a_quarter():
     assert len(notes) == 2
     assert "(+30%, over 25%)" in notes[0] and "bucket 1" in notes[0]
     assert "(-50%, over 25%)" in notes[1]
+
+
+def test_the_run_report_says_what_the_preflight_found():
+    from asrfit.recipes.run_report import RunConfig, RunReport
+
+    def report(preflight: list[str]) -> str:
+        return RunReport(
+            config=RunConfig(model="m", train="t", out_dir="o"), model_class="M", parameters=1,
+            trainable_parameters=1, pretrained=False, gpu="cpu-only", device="cpu",
+            plan_summary=[], predicted_peak_bytes=0, measured_peak_bytes=0,
+            measured_peak_kind="rss", predicted_audio_seconds_per_second=1.0,
+            measured_audio_seconds_per_second=1.0, skipped={}, epochs=[], best_dev_cer=None,
+            best_dev_wer=None, test=None, wall_seconds=1.0, best_dir="b", preflight=preflight,
+        ).markdown()
+
+    slow = step_time_notes([_result(1, 8, 0, 0, seconds=2.0, predicted_seconds=1.0)])
+    text = report([f"stage 0: {note}" for note in slow])
+    assert "## Pre-flight" in text and "took 2.00 s" in text and "(+100%, over 25%)" in text
+    assert "## Pre-flight" not in report([])
