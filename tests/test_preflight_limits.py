@@ -306,3 +306,9 @@ def test_the_run_report_says_what_the_preflight_found():
     text = report([f"stage 0: {note}" for note in slow])
     assert "## Pre-flight" in text and "took 2.00 s" in text and "(+100%, over 25%)" in text
     assert "## Pre-flight" not in report([])
+
+
+def test_held_bytes_leaves_a_running_profile_alone():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        out, held = held_bytes(lambda: torch.empty(10).numel(), CPU)
+    assert (out, held) == (10, None)

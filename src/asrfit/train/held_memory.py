@@ -36,7 +36,8 @@ def held_bytes(fn: Callable[[], T], device: torch.device) -> tuple[T, int | None
         device: Where it runs: ``cuda`` and ``cpu`` are measured; others are not.
 
     Returns:
-        ``(fn's result, held bytes)``; held bytes is None on other devices.
+        ``(fn's result, held bytes)``; held bytes is None on other devices, and on the CPU
+        while a ``torch.profiler`` profile is already running.
     """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -46,8 +47,8 @@ def held_bytes(fn: Callable[[], T], device: torch.device) -> tuple[T, int | None
         out = fn()
         torch.cuda.synchronize(device)
         return out, max(0, int(torch.cuda.max_memory_reserved(device)) - before)
-    if device.type != "cpu":
-        return fn(), None
+    if device.type != "cpu" or torch.autograd.profiler._is_profiler_enabled:
+        return fn(), None  # another device, or a profile already running (they do not nest)
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         out = fn()
