@@ -17,7 +17,7 @@ point, so the measured peak lacks them; the batch-dependent part is what this ch
 with like: the bytes the pass held above what was live before it
 (:func:`asrfit.train.held_memory.held_bytes`, on CUDA and on the CPU) less the gradients it
 left, against the plan's per-utterance bytes (its cost model less the batch-independent
-``c0``). What is measured above that prediction lowers the bucket limits before the first
+``c0``) plus what its reserved prediction allows for the allocator and library workspaces. What is measured above that prediction lowers the bucket limits before the first
 optimizer step (:mod:`asrfit.train.preflight_limits`). On an out-of-memory error the failing
 batch is saved to ``out_dir/preflight_failed_batch.pt`` and
 :class:`~asrfit.train.oom.BatchTooLargeError` is raised, saying which knob to turn.
@@ -62,6 +62,8 @@ class PessimisticBatch:
             ``c0``), or None without a plan.
         predicted_seconds: The plan's step seconds of a full batch of its bucket, or None
             where the plan does not give them.
+        allowance_bytes: What the plan's reserved prediction adds to its traced peak
+            (allocator rounding and fragmentation, library workspaces), 0 without a plan.
     """
 
     name: str
@@ -70,6 +72,7 @@ class PessimisticBatch:
     predicted_bytes: int | None = None
     predicted_batch_bytes: int | None = None
     predicted_seconds: float | None = None
+    allowance_bytes: int = 0
 
 
 @dataclass
@@ -89,6 +92,7 @@ class PreflightResult:
         gradient_bytes: Bytes of the gradients the pass left.
         predicted_batch_bytes: See :class:`PessimisticBatch`.
         predicted_seconds: See :class:`PessimisticBatch`.
+        allowance_bytes: See :class:`PessimisticBatch`.
     """
 
     name: str
@@ -102,16 +106,19 @@ class PreflightResult:
     gradient_bytes: int = 0
     predicted_batch_bytes: int | None = None
     predicted_seconds: float | None = None
+    allowance_bytes: int = 0
 
     @property
     def excess_bytes(self) -> int | None:
-        """Measured batch-dependent bytes (held less gradients) above the plan's prediction.
+        """Measured batch-dependent bytes (held less gradients) above what the plan allowed
+        for them: its batch-dependent prediction plus its allocator and workspace allowance.
 
-        Negative when the pass held less than predicted; None without both figures.
+        Negative when the pass held less; None without both figures.
         """
         if self.held_bytes is None or self.predicted_batch_bytes is None:
             return None
-        return self.held_bytes - self.gradient_bytes - self.predicted_batch_bytes
+        allowed = self.predicted_batch_bytes + self.allowance_bytes
+        return self.held_bytes - self.gradient_bytes - allowed
 
     def describe(self) -> str:
         """One line, e.g. ``longest utterance: 5 utt., predicted 12.10 GiB, measured 11.80 GiB``."""
@@ -125,7 +132,8 @@ class PreflightResult:
             text += (
                 f"; held {self.held_bytes / MIB:.1f} MiB above its start, of which "
                 f"{self.gradient_bytes / MIB:.1f} MiB gradients, against "
-                f"{self.predicted_batch_bytes / MIB:.1f} MiB predicted for the batch"
+                f"{self.predicted_batch_bytes / MIB:.1f} MiB predicted for the batch and "
+                f"{self.allowance_bytes / MIB:.1f} MiB allowed for the allocator and workspaces"
             )
         return text
 
@@ -188,6 +196,28 @@ def predict_batch_dependent_bytes(
     """
     shape = _padded_shape(plan, indices, durations, label_lengths)
     return max(0, int(plan.cost_model.predict(*shape) - plan.cost_model.c0_bytes))
+
+
+def allowance_bytes(
+    plan: Plan,
+    indices: Sequence[int],
+    durations: Sequence[float],
+    label_lengths: Sequence[int] | None = None,
+) -> int:
+    """What the plan's reserved prediction of this batch adds to its traced peak.
+
+    :func:`asrfit.memory.allocator.reserved_of_fitted_peak`: the allocator's rounding, pages
+    and fragmentation, and the library workspaces (cuBLAS) it counts. A pass may hold that
+    much above its traced bytes before it holds more than the plan allowed for.
+    """
+    from asrfit.memory.allocator import reserved_of_fitted_peak
+
+    shape = _padded_shape(plan, indices, durations, label_lengths)
+    traced = int(plan.cost_model.predict(*shape) + plan.model_state_offset_bytes)
+    reserved = reserved_of_fitted_peak(
+        traced, architecture=plan.architecture, expandable_segments=plan.expandable_segments
+    )
+    return max(0, reserved - traced)
 
 
 def pessimistic_batches(
@@ -274,6 +304,7 @@ def pessimistic_batches(
                 predict_batch_bytes(plan, indices, durations, label_lengths),
                 predict_batch_dependent_bytes(plan, indices, durations, label_lengths),
                 seconds if seconds > 0 else None,
+                allowance_bytes(plan, indices, durations, label_lengths),
             )
         )
     return out
@@ -353,6 +384,7 @@ def run_preflight(
             grads,
             item.predicted_batch_bytes,
             item.predicted_seconds,
+            item.allowance_bytes,
         )
         logger.info("pre-flight %s", result.describe())
         results.append(result)

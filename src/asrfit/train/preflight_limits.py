@@ -20,8 +20,9 @@ plan's step time by more than :data:`STEP_TIME_TOLERANCE`.
 Known limitations: only buckets that have a pessimistic batch are measured; the others keep
 their limits (the out-of-memory recovery lowers them if they fail). An excess that does not
 shrink with the batch (a fixed workspace) is under-counted at the smaller batch. A pre-flight pass is a
-first pass (one-time set-up costs) without the optimizer step that the plan's step time
-includes, so its time is a rough check.
+first pass (one-time set-up costs), on the CPU under the allocator's profile (its own
+overhead), without the optimizer step that the plan's step time includes: its time is a
+rough check.
 """
 
 from __future__ import annotations
