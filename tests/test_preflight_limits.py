@@ -105,8 +105,9 @@ def make_plan(headroom_bytes: int, bytes_per_frame: float) -> Plan:
     ``bytes_per_frame`` is the cost model's per-utterance, per-frame activation bytes: 1 byte
     is the deliberately low prediction (the real pass holds kilobytes per frame).
     """
-    model = PeakModel(c0_bytes=1e6, a_bytes_per_step=bytes_per_frame, b_bytes_per_step2=0.0,
-                      c_bytes_per_label=0.0)
+    model = PeakModel(
+        c0_bytes=1e6, a_bytes_per_step=bytes_per_frame, b_bytes_per_step2=0.0, c_bytes_per_label=0.0
+    )
     buckets = [
         Bucket(0.0, 2.0, 8, 50, 50, 0, 0.5, 100.0),
         Bucket(2.0, 4.0, 8, 100, 100, 0, 0.5, 100.0),
@@ -150,8 +151,17 @@ class KillAt:
             raise Crash
 
 
-def run(out_dir, *, plan, seed=0, max_steps=6, resume_from=None, save_every_steps=None,
-        loss_fn=None, listeners=()):
+def run(
+    out_dir,
+    *,
+    plan,
+    seed=0,
+    max_steps=6,
+    resume_from=None,
+    save_every_steps=None,
+    loss_fn=None,
+    listeners=(),
+):
     data, durations = make_data()
     torch.manual_seed(seed)
     trainer = MemoryEfficientTrainer(
@@ -165,8 +175,13 @@ def run(out_dir, *, plan, seed=0, max_steps=6, resume_from=None, save_every_step
         save_every_steps=save_every_steps,
         listeners=listeners,
     )
-    trainer.train(Frames(data), durations=durations, label_lengths=[len(s["labels"]) for s in data],
-                  max_steps=max_steps, resume_from=resume_from)
+    trainer.train(
+        Frames(data),
+        durations=durations,
+        label_lengths=[len(s["labels"]) for s in data],
+        max_steps=max_steps,
+        resume_from=resume_from,
+    )
     return trainer
 
 
@@ -217,8 +232,12 @@ def test_a_real_step_over_a_low_prediction_lowers_limits_then_trains_and_resumes
     # trainer and sampler) trains on the same batches and ends with the same weights, bit
     # for bit
     with pytest.raises(Crash):
-        run(tmp_path / "cut", plan=make_plan(HEADROOM, 1.0), save_every_steps=3,
-            listeners=[KillAt(4)])
+        run(
+            tmp_path / "cut",
+            plan=make_plan(HEADROOM, 1.0),
+            save_every_steps=3,
+            listeners=[KillAt(4)],
+        )
     assert latest_checkpoint(tmp_path / "cut" / "checkpoints").name == "checkpoint-00000003.pt"
     resumed = run(tmp_path / "cut", plan=make_plan(HEADROOM, 1.0), seed=123, resume_from="latest")
     assert resumed.preflight_results == []  # no pre-flight on resume: the saved limits hold
@@ -245,8 +264,13 @@ def test_the_calibration_in_use_keeps_the_excess_free_afterwards(tmp_path, monke
     monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path / "cache"))
     torch.set_num_threads(1)
     path = write_calibration(
-        Calibration(key=machine_key("cpu"), written="2026-01-01T00:00:00", device="cpu",
-                    rates={}, unmodelled_peak_bytes=1000)
+        Calibration(
+            key=machine_key("cpu"),
+            written="2026-01-01T00:00:00",
+            device="cpu",
+            rates={},
+            unmodelled_peak_bytes=1000,
+        )
     )
     trainer = run(tmp_path / "run", plan=make_plan(HEADROOM, 1.0), max_steps=1)
     excess = max(r.excess_bytes for r in trainer.preflight_results)
@@ -256,8 +280,19 @@ def test_the_calibration_in_use_keeps_the_excess_free_afterwards(tmp_path, monke
 
 
 def _result(bucket, batch_size, held, predicted_batch, seconds=1.0, predicted_seconds=None):
-    return PreflightResult("longest utterance", batch_size, list(range(batch_size)), bucket, 0,
-                           None, seconds, held, 0, predicted_batch, predicted_seconds)
+    return PreflightResult(
+        "longest utterance",
+        batch_size,
+        list(range(batch_size)),
+        bucket,
+        0,
+        None,
+        seconds,
+        held,
+        0,
+        predicted_batch,
+        predicted_seconds,
+    )
 
 
 def test_lowered_limits_scale_the_excess_with_the_batch():
@@ -294,12 +329,27 @@ def test_the_run_report_says_what_the_preflight_found():
 
     def report(preflight: list[str]) -> str:
         return RunReport(
-            config=RunConfig(model="m", train="t", out_dir="o"), model_class="M", parameters=1,
-            trainable_parameters=1, pretrained=False, gpu="cpu-only", device="cpu",
-            plan_summary=[], predicted_peak_bytes=0, measured_peak_bytes=0,
-            measured_peak_kind="rss", predicted_audio_seconds_per_second=1.0,
-            measured_audio_seconds_per_second=1.0, skipped={}, epochs=[], best_dev_cer=None,
-            best_dev_wer=None, test=None, wall_seconds=1.0, best_dir="b", preflight=preflight,
+            config=RunConfig(model="m", train="t", out_dir="o"),
+            model_class="M",
+            parameters=1,
+            trainable_parameters=1,
+            pretrained=False,
+            gpu="cpu-only",
+            device="cpu",
+            plan_summary=[],
+            predicted_peak_bytes=0,
+            measured_peak_bytes=0,
+            measured_peak_kind="rss",
+            predicted_audio_seconds_per_second=1.0,
+            measured_audio_seconds_per_second=1.0,
+            skipped={},
+            epochs=[],
+            best_dev_cer=None,
+            best_dev_wer=None,
+            test=None,
+            wall_seconds=1.0,
+            best_dir="b",
+            preflight=preflight,
         ).markdown()
 
     slow = step_time_notes([_result(1, 8, 0, 0, seconds=2.0, predicted_seconds=1.0)])

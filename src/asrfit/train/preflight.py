@@ -17,10 +17,11 @@ point, so the measured peak lacks them; the batch-dependent part is what this ch
 with like: the bytes the pass held above what was live before it
 (:func:`asrfit.train.held_memory.held_bytes`, on CUDA and on the CPU) less the gradients it
 left, against the plan's per-utterance bytes (its cost model less the batch-independent
-``c0``) plus what its reserved prediction allows for the allocator and library workspaces. What is measured above that prediction lowers the bucket limits before the first
-optimizer step (:mod:`asrfit.train.preflight_limits`). On an out-of-memory error the failing
-batch is saved to ``out_dir/preflight_failed_batch.pt`` and
-:class:`~asrfit.train.oom.BatchTooLargeError` is raised, saying which knob to turn.
+``c0``) plus what its reserved prediction allows for the allocator and library workspaces.
+What is measured above that lowers the bucket limits before the first optimizer step
+(:mod:`asrfit.train.preflight_limits`). On an out-of-memory error the failing batch is saved
+to ``out_dir/preflight_failed_batch.pt`` and :class:`~asrfit.train.oom.BatchTooLargeError` is
+raised, saying which knob to turn.
 """
 
 from __future__ import annotations

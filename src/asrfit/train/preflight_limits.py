@@ -83,7 +83,8 @@ class LimitLowering:
         b = plan.buckets[self.bucket]
         return (
             f"pre-flight: bucket {self.bucket} ({b.min_seconds:.1f}-{b.max_seconds:.1f} s): the "
-            f"{self.batch!r} batch held {self.excess_bytes / MIB:.1f} MiB more than predicted; "
+            f"{self.batch!r} batch held {self.excess_bytes / MIB:.1f} MiB more than the plan "
+            "allowed for; "
             f"a full batch of {self.old_limit} would need {self.needed_bytes / MIB:.1f} MiB "
             f"(predicted {self.predicted_bytes / MIB:.1f} MiB) of "
             f"{self.usable_bytes / MIB:.1f} MiB usable, so its limit goes from {self.old_limit} "
@@ -211,9 +212,7 @@ def step_time_notes(
     return notes
 
 
-def update_calibration(
-    lowerings: Sequence[LimitLowering], device: torch.device
-) -> Path | None:
+def update_calibration(lowerings: Sequence[LimitLowering], device: torch.device) -> Path | None:
     """Raise this machine's calibration to the largest measured excess, when there is one.
 
     ``unmodelled_peak_bytes`` becomes the larger of its value and the excess (plans made
