@@ -128,6 +128,7 @@ def bin_bucket(
         predicted_peak_bytes=costs.reserved_bytes(b, t, u),
         utterance_fraction=fraction,
         throughput_seconds_per_second=mean * b / step if step > 0 else 0.0,
+        predicted_step_seconds=step,
     )
     return bucket, mean * utterances, (utterances / b) * step
 

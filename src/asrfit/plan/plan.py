@@ -44,6 +44,8 @@ class Bucket(JsonDataclass):
         throughput_seconds_per_second: Predicted audio seconds trained per wall second here.
         min_label_length: Labels above which an utterance of this duration range belongs
             here (exclusive; 0 for the first label range and in one-dimensional plans).
+        predicted_step_seconds: Predicted seconds of one step of a full batch of this bucket
+            (0: not known, a plan written before this figure was kept).
     """
 
     min_seconds: float
@@ -55,6 +57,7 @@ class Bucket(JsonDataclass):
     utterance_fraction: float
     throughput_seconds_per_second: float
     min_label_length: int = 0
+    predicted_step_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_seconds < self.max_seconds:

@@ -277,6 +277,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         ctx["best_cer"], ctx["best_wer"] = scores["dev_cer"], scores["dev_wer"]
     previous: Path | None = None
     peak, audio_seconds, train_seconds, nonfinite = 0, 0.0, 0.0, 0
+    preflight: list[str] = []  # what each stage's pre-flight lowered or found slow or fast
     trainer: Any = None
 
     def score(stage: int, loss: float, wall: float, audio: float) -> None:
@@ -359,6 +360,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
             # the epoch's mean loss, the steps before a resume included
             score(stage, trainer.epoch_mean_loss, summary.wall_seconds, summary.audio_seconds)
         nonfinite += trainer.nonfinite.skipped_steps
+        preflight += [f"stage {stage}: {note}" for note in trainer.preflight_notes]
         # a stage that had finished before a resume keeps its checkpoint as it is
         previous = trainer.save_checkpoint() if trained else latest_good_checkpoint(stage_dir / "checkpoints")
     events.on_train_end()
@@ -384,6 +386,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         skipped=skipped, epochs=epochs, best_dev_cer=ctx["best_cer"], best_dev_wer=ctx["best_wer"],
         test=test, wall_seconds=time.perf_counter() - started, best_dir=str(out / "best"),
         utterances_total=skip_log.total, skipped_total=sum(skipped.values()), nonfinite_steps=nonfinite,
+        preflight=preflight,
     )
     atomic_write_text(out / "report.json", report.to_json())
     atomic_write_text(out / "report.md", report.markdown())

@@ -141,7 +141,12 @@ class EpochRecord(JsonDataclass):
 
 @dataclass
 class RunReport(JsonDataclass):
-    """What a run did and measured."""
+    """What a run did and measured.
+
+    ``preflight`` holds what the pre-flight changed or found: each bucket limit it lowered,
+    with the figures, and each pass whose time differs from the plan's step time by more than
+    25 % (:mod:`asrfit.train.preflight_limits`).
+    """
 
     config: RunConfig
     model_class: str
@@ -166,6 +171,7 @@ class RunReport(JsonDataclass):
     utterances_total: int = 0
     skipped_total: int = 0
     nonfinite_steps: int = 0
+    preflight: list[str] = field(default_factory=list)
 
     def markdown(self) -> str:
         """A short human-readable report."""
@@ -179,8 +185,10 @@ class RunReport(JsonDataclass):
                   f"- predicted peak (largest bucket, plan for {self.gpu}): {self.predicted_peak_bytes / 2**30:.2f} GiB",
                   f"- measured peak ({self.measured_peak_kind}): {self.measured_peak_bytes / 2**30:.2f} GiB",
                   f"- throughput: predicted {self.predicted_audio_seconds_per_second:.1f}, measured "
-                  f"{self.measured_audio_seconds_per_second:.1f} audio s per s", "",
-                  "## Epochs", "", "| stage | epoch | steps | train loss | dev WER | dev CER | s | predicted s |",
+                  f"{self.measured_audio_seconds_per_second:.1f} audio s per s", ""]
+        if self.preflight:
+            lines += ["## Pre-flight", "", *(f"- {note}" for note in self.preflight), ""]
+        lines += ["## Epochs", "", "| stage | epoch | steps | train loss | dev WER | dev CER | s | predicted s |",
                   "|---|---|---|---|---|---|---|---|"]
         for e in self.epochs:
             wer = f"{100 * e.dev.wer:.1f} %" if e.dev else "-"

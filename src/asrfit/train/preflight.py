@@ -12,11 +12,16 @@ are zeroed after) on each of
   are known).
 
 Each result gives the predicted peak (``plan.predicted_reserved_bytes``) next to the measured
-one (CUDA: ``torch.cuda.max_memory_reserved``; on CPU nothing is measured, the batches just
-run). Optimizer states do not exist yet at this point, so the measured peak lacks them; the
-batch-dependent part is what this checks. On an out-of-memory error the failing batch is
-saved to ``out_dir/preflight_failed_batch.pt`` and :class:`~asrfit.train.oom.BatchTooLargeError`
-is raised, saying which knob to turn.
+one (CUDA: ``torch.cuda.max_memory_reserved``). Optimizer states do not exist yet at this
+point, so the measured peak lacks them; the batch-dependent part is what this checks, like
+with like: the bytes the pass held above what was live before it
+(:func:`asrfit.train.held_memory.held_bytes`, on CUDA and on the CPU) less the gradients it
+left, against the plan's per-utterance bytes (its cost model less the batch-independent
+``c0``) plus what its reserved prediction allows for the allocator and library workspaces.
+What is measured above that lowers the bucket limits before the first optimizer step
+(:mod:`asrfit.train.preflight_limits`). On an out-of-memory error the failing batch is saved
+to ``out_dir/preflight_failed_batch.pt`` and :class:`~asrfit.train.oom.BatchTooLargeError` is
+raised, saying which knob to turn.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asrfit.train.components import TrainerLike
+from asrfit.train.held_memory import gradient_bytes, held_bytes
 from asrfit.train.oom import KNOBS, BatchTooLargeError, describe_batch, free_memory, is_oom
 
 if TYPE_CHECKING:
@@ -40,6 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GIB = 2**30
+MIB = 2**20
 
 
 @dataclass
@@ -51,12 +59,21 @@ class PessimisticBatch:
         indices: Dataset indices (an index may repeat to fill a bucket to its limit).
         bucket: Its bucket in the plan, or None without a plan.
         predicted_bytes: Predicted peak reserved bytes, or None without a plan.
+        predicted_batch_bytes: The plan's batch-dependent bytes of it (its cost model less
+            ``c0``), or None without a plan.
+        predicted_seconds: The plan's step seconds of a full batch of its bucket, or None
+            where the plan does not give them.
+        allowance_bytes: What the plan's reserved prediction adds to its traced peak
+            (allocator rounding and fragmentation, library workspaces), 0 without a plan.
     """
 
     name: str
     indices: list[int]
     bucket: int | None = None
     predicted_bytes: int | None = None
+    predicted_batch_bytes: int | None = None
+    predicted_seconds: float | None = None
+    allowance_bytes: int = 0
 
 
 @dataclass
@@ -71,6 +88,12 @@ class PreflightResult:
         predicted_bytes: Predicted peak reserved bytes, or None.
         measured_bytes: ``max_memory_reserved`` over the pass (CUDA), None on CPU.
         seconds: Wall time of the forward and backward.
+        held_bytes: Peak bytes the pass held above what was live before it (CUDA: reserved;
+            CPU: the allocator's), None where not measured.
+        gradient_bytes: Bytes of the gradients the pass left.
+        predicted_batch_bytes: See :class:`PessimisticBatch`.
+        predicted_seconds: See :class:`PessimisticBatch`.
+        allowance_bytes: See :class:`PessimisticBatch`.
     """
 
     name: str
@@ -80,15 +103,40 @@ class PreflightResult:
     predicted_bytes: int | None
     measured_bytes: int | None
     seconds: float
+    held_bytes: int | None = None
+    gradient_bytes: int = 0
+    predicted_batch_bytes: int | None = None
+    predicted_seconds: float | None = None
+    allowance_bytes: int = 0
+
+    @property
+    def excess_bytes(self) -> int | None:
+        """Measured batch-dependent bytes (held less gradients) above what the plan allowed
+        for them: its batch-dependent prediction plus its allocator and workspace allowance.
+
+        Negative when the pass held less; None without both figures.
+        """
+        if self.held_bytes is None or self.predicted_batch_bytes is None:
+            return None
+        allowed = self.predicted_batch_bytes + self.allowance_bytes
+        return self.held_bytes - self.gradient_bytes - allowed
 
     def describe(self) -> str:
         """One line, e.g. ``longest utterance: 5 utt., predicted 12.10 GiB, measured 11.80 GiB``."""
         predicted = "-" if self.predicted_bytes is None else f"{self.predicted_bytes / GIB:.2f} GiB"
         measured = "-" if self.measured_bytes is None else f"{self.measured_bytes / GIB:.2f} GiB"
-        return (
+        text = (
             f"{self.name}: {self.batch_size} utt., predicted {predicted}, measured {measured} "
             f"({self.seconds:.2f} s)"
         )
+        if self.held_bytes is not None and self.predicted_batch_bytes is not None:
+            text += (
+                f"; held {self.held_bytes / MIB:.1f} MiB above its start, of which "
+                f"{self.gradient_bytes / MIB:.1f} MiB gradients, against "
+                f"{self.predicted_batch_bytes / MIB:.1f} MiB predicted for the batch and "
+                f"{self.allowance_bytes / MIB:.1f} MiB allowed for the allocator and workspaces"
+            )
+        return text
 
 
 def _fill(
@@ -106,6 +154,21 @@ def _fill(
     return out
 
 
+def _padded_shape(
+    plan: Plan,
+    indices: Sequence[int],
+    durations: Sequence[float],
+    label_lengths: Sequence[int] | None,
+) -> tuple[int, int, int]:
+    """``(batch, longest input, longest label)`` of a padded batch of these utterances."""
+    longest_seconds = max(durations[i] for i in indices)
+    if label_lengths is not None:
+        label_length = max(int(label_lengths[i]) for i in indices)
+    else:
+        label_length = math.ceil(longest_seconds * plan.labels_per_second)
+    return len(indices), plan.input_length(longest_seconds), label_length
+
+
 def predict_batch_bytes(
     plan: Plan,
     indices: Sequence[int],
@@ -117,14 +180,45 @@ def predict_batch_bytes(
     The batch is ``len(indices)`` copies of its longest input and its longest label
     (``ceil(seconds x plan.labels_per_second)`` without label lengths).
     """
-    longest_seconds = max(durations[i] for i in indices)
-    if label_lengths is not None:
-        label_length = max(int(label_lengths[i]) for i in indices)
-    else:
-        label_length = math.ceil(longest_seconds * plan.labels_per_second)
-    return plan.predicted_reserved_bytes(
-        len(indices), plan.input_length(longest_seconds), label_length
+    return plan.predicted_reserved_bytes(*_padded_shape(plan, indices, durations, label_lengths))
+
+
+def predict_batch_dependent_bytes(
+    plan: Plan,
+    indices: Sequence[int],
+    durations: Sequence[float],
+    label_lengths: Sequence[int] | None = None,
+) -> int:
+    """The plan's bytes of a padded batch that grow with it: its cost model less ``c0``.
+
+    ``c0`` holds the parameters, gradients and optimizer state; the rest (activations,
+    inputs, per-utterance workspaces) is what a pre-flight pass holds above the model's
+    states, its gradients left out.
+    """
+    shape = _padded_shape(plan, indices, durations, label_lengths)
+    return max(0, int(plan.cost_model.predict(*shape) - plan.cost_model.c0_bytes))
+
+
+def allowance_bytes(
+    plan: Plan,
+    indices: Sequence[int],
+    durations: Sequence[float],
+    label_lengths: Sequence[int] | None = None,
+) -> int:
+    """What the plan's reserved prediction of this batch adds to its traced peak.
+
+    :func:`asrfit.memory.allocator.reserved_of_fitted_peak`: the allocator's rounding, pages
+    and fragmentation, and the library workspaces (cuBLAS) it counts. A pass may hold that
+    much above its traced bytes before it holds more than the plan allowed for.
+    """
+    from asrfit.memory.allocator import reserved_of_fitted_peak
+
+    shape = _padded_shape(plan, indices, durations, label_lengths)
+    traced = int(plan.cost_model.predict(*shape) + plan.model_state_offset_bytes)
+    reserved = reserved_of_fitted_peak(
+        traced, architecture=plan.architecture, expandable_segments=plan.expandable_segments
     )
+    return max(0, reserved - traced)
 
 
 def pessimistic_batches(
@@ -199,10 +293,21 @@ def pessimistic_batches(
         if not indices or key in seen:
             continue
         seen.add(key)
-        predicted = (
-            None if plan is None else predict_batch_bytes(plan, indices, durations, label_lengths)
+        if plan is None or k is None:
+            out.append(PessimisticBatch(name, indices, k))
+            continue
+        seconds = plan.buckets[k].predicted_step_seconds
+        out.append(
+            PessimisticBatch(
+                name,
+                indices,
+                k,
+                predict_batch_bytes(plan, indices, durations, label_lengths),
+                predict_batch_dependent_bytes(plan, indices, durations, label_lengths),
+                seconds if seconds > 0 else None,
+                allowance_bytes(plan, indices, durations, label_lengths),
+            )
         )
-        out.append(PessimisticBatch(name, indices, k, predicted))
     return out
 
 
@@ -214,6 +319,7 @@ def run_preflight(
     zero_grad: Callable[[], None],
     device: torch.device,
     out_dir: Path | None = None,
+    count_gradients: Callable[[], int] | None = None,
 ) -> list[PreflightResult]:
     """Run each batch's forward and backward once, then zero the gradients.
 
@@ -222,8 +328,9 @@ def run_preflight(
         collate: ``collate(indices) -> batch`` on the training device's input format.
         forward_backward: One forward and backward pass of a batch (no optimizer step).
         zero_grad: Clears the gradients afterwards.
-        device: Where the model is (CUDA peaks are measured there).
+        device: Where the model is (peaks are measured there, CUDA and CPU).
         out_dir: Where a failing batch is saved (``preflight_failed_batch.pt``).
+        count_gradients: Bytes of the gradients after a pass (Default: 0).
 
     Returns:
         One :class:`PreflightResult` per batch.
@@ -236,13 +343,12 @@ def run_preflight(
     cuda = device.type == "cuda"
     for item in batches:
         batch = collate(item.indices)
-        if cuda:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
-        failure = None
+        failure, held, seconds, grads = None, None, 0.0, 0
         try:
-            forward_backward(batch)
+            _, held = held_bytes(partial(forward_backward, batch), device)
+            seconds = time.perf_counter() - started
+            grads = count_gradients() if count_gradients is not None else 0
         except Exception as exc:  # noqa: BLE001 - re-raised unless it is an OOM
             if not is_oom(exc):
                 raise
@@ -266,7 +372,6 @@ def run_preflight(
             free_memory()
             logger.error(message)
             raise BatchTooLargeError(message)
-        seconds = time.perf_counter() - started
         measured = int(torch.cuda.max_memory_reserved(device)) if cuda else None
         result = PreflightResult(
             item.name,
@@ -276,6 +381,11 @@ def run_preflight(
             item.predicted_bytes,
             measured,
             seconds,
+            held,
+            grads,
+            item.predicted_batch_bytes,
+            item.predicted_seconds,
+            item.allowance_bytes,
         )
         logger.info("pre-flight %s", result.describe())
         results.append(result)
@@ -328,4 +438,5 @@ def preflight_trainer(trainer: TrainerLike) -> list[PreflightResult]:
         zero_grad=lambda: trainer.optimizer.zero_grad(set_to_none=True),
         device=acc.device,
         out_dir=trainer.out_dir,
+        count_gradients=lambda: gradient_bytes(trainer.model),
     )

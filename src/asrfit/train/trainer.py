@@ -63,6 +63,7 @@ from asrfit.train.host_allocator import keep_freed_host_memory
 from asrfit.train.interrupt import DEFAULT_STOP_SIGNALS, InterruptRequest
 from asrfit.train.oom import BucketOOMCounter, OOMEvent
 from asrfit.train.preflight import PreflightResult, preflight_trainer
+from asrfit.train.preflight_limits import apply_preflight
 from asrfit.train.step import StepMixin, first_given, length_of, set_dataset_epoch, skip_batches
 from asrfit.utils.io import Pathlike
 
@@ -201,10 +202,10 @@ class MemoryEfficientTrainer(StepMixin):
         self.oom_events: list[OOMEvent] = []
         # Ctrl-C or a stop signal: checkpoint after the step, then stop
         self.interrupts = InterruptRequest(stop_signals)
-        # the current epoch's loss x units and units, kept in checkpoints: its mean loss
-        # after a resume covers the steps before it too
+        # the epoch's loss x units and units, checkpointed: a resumed mean covers the whole epoch
         self.epoch_loss_total, self.epoch_units_total = 0.0, 0
         self.preflight_results: list[PreflightResult] = []
+        self.preflight_notes: list[str] = []  # what the pre-flight changed or found off
         self.info = DataInfo()
         self._sampler_cache: dict[int, tuple[Any, DataInfo]] = {}
         self.sampler: Any = None
@@ -398,12 +399,15 @@ class MemoryEfficientTrainer(StepMixin):
         return self.train(sampler, dataset=dataset, epochs=self.epoch + 1).mean_loss
 
     def preflight(self) -> list[PreflightResult]:
-        """Run the pessimistic batches (forward + backward, no step); see :mod:`asrfit.train.preflight`.
+        """Run the pessimistic batches (forward + backward, no step), then lower the limits of
+        buckets that held more than predicted (:mod:`asrfit.train.preflight_limits`); what
+        changed, and passes far from the plan's time, go to :attr:`preflight_notes`.
 
         Raises:
             BatchTooLargeError: One ran out of memory (saved to ``out_dir``).
         """
         self.preflight_results = preflight_trainer(self)
+        self.preflight_notes = apply_preflight(self, self.preflight_results)
         return self.preflight_results
 
     def _loop(
