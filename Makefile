@@ -80,6 +80,7 @@ demo-speech: $(VENV)/.installed $(VENV)/.kenlm
 # the GPU tests should be there.
 test: $(VENV)/.installed $(VENV)/.kenlm
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/python -m pytest -rs
 
 lint: $(VENV)/.installed

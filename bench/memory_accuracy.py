@@ -452,7 +452,9 @@ def main() -> None:
     )
     parser.add_argument("--skip-speed", action="store_true", help="skip the XLS-R 1B timing")
     parser.add_argument("--heldout", action="store_true", help="run the held-out split only")
-    parser.add_argument("--split", choices=("held", "diag", "scale"), default="held", help="with --heldout")
+    parser.add_argument(
+        "--split", choices=("held", "diag", "scale"), default="held", help="with --heldout"
+    )
     parser.add_argument("--diagnose", action="store_true", help="explain the cases that miss")
     parser.add_argument(
         "--threshold", type=float, default=5.0, help="percent error that --diagnose explains"

@@ -187,7 +187,9 @@ def measure(name: str, plan: Plan, durations: np.ndarray, batches: Sequence[Sequ
     )
 
 
-def sorted_partitions(plan: Plan, durations: np.ndarray, max_batches: int) -> dict[int, list[list[int]]]:
+def sorted_partitions(
+    plan: Plan, durations: np.ndarray, max_batches: int
+) -> dict[int, list[list[int]]]:
     """For each batch count K, the within-budget partition with the fewest padded input steps.
 
     An exact dynamic programme over the utterances sorted by length: any partition can be
@@ -425,7 +427,9 @@ def main() -> None:
         print(head)
         print(table(rows))
     if args.out is not None:
-        write_section(args.out, "sampler-efficiency", "\n".join(["## Batch sampler efficiency", "", *body]))
+        write_section(
+            args.out, "sampler-efficiency", "\n".join(["## Batch sampler efficiency", "", *body])
+        )
 
 
 if __name__ == "__main__":

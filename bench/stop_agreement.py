@@ -55,10 +55,14 @@ def _measure(args: argparse.Namespace) -> None:
         reduce.append(time.perf_counter() - start)
     if dist.get_rank() == 0:
         print(f"processes: {dist.get_world_size()} (gloo, CPU), torch {torch.__version__}")
-        print(f"stop agreement (one int64 all-reduce): median {1e6 * statistics.median(check):.0f} us per step "
-              f"({args.rounds} rounds of {args.calls} calls)")
-        print(f"gradient all-reduce of {args.parameters:,} float32 (DDP, every step): "
-              f"median {1e3 * statistics.median(reduce):.2f} ms")
+        print(
+            f"stop agreement (one int64 all-reduce): median {1e6 * statistics.median(check):.0f} us per step "
+            f"({args.rounds} rounds of {args.calls} calls)"
+        )
+        print(
+            f"gradient all-reduce of {args.parameters:,} float32 (DDP, every step): "
+            f"median {1e3 * statistics.median(reduce):.2f} ms"
+        )
     dist.destroy_process_group()
 
 
@@ -73,9 +77,23 @@ def main() -> None:
         _measure(args)
         return
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.processes),
-               "--master_addr", "127.0.0.1", "--master_port", "0", "--rdzv_backend", "c10d",
-               "--rdzv_endpoint", "127.0.0.1:0", __file__, *sys.argv[1:]]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(args.processes),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        "0",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "127.0.0.1:0",
+        __file__,
+        *sys.argv[1:],
+    ]
     raise SystemExit(subprocess.call(command, env=env))
 
 

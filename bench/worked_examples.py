@@ -47,7 +47,9 @@ def _cached_simulations() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--only", default=None, help="Run the examples whose model contains this text.")
+    parser.add_argument(
+        "--only", default=None, help="Run the examples whose model contains this text."
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     from asrfit.plan.search import plan
@@ -69,7 +71,9 @@ def main() -> None:
         "",
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        dataset = DatasetProfile.from_manifest(write_librispeech_like(Path(tmp) / "train.jsonl", 28_539))
+        dataset = DatasetProfile.from_manifest(
+            write_librispeech_like(Path(tmp) / "train.jsonl", 28_539)
+        )
         for model, gpu in EXAMPLES:
             if args.only and args.only not in model:
                 continue

@@ -35,8 +35,14 @@ def main(out: Path, mode: str) -> int:
     data, durations = make_data()
     plan = make_plan()
     torch.manual_seed(0)
-    trainer = make_trainer(FrameModel(), 2, plan=plan, out_dir=out, keep_last=2,
-                           save_every_steps=SIGNAL_AT if mode == "full" else None)
+    trainer = make_trainer(
+        FrameModel(),
+        2,
+        plan=plan,
+        out_dir=out,
+        keep_last=2,
+        save_every_steps=SIGNAL_AT if mode == "full" else None,
+    )
     sampler = MemoryBudgetSampler(durations, plan, seed=3, num_replicas=world, rank=rank)
     if mode == "signal" and rank == 1:
         real_step = StepMixin._step
@@ -53,16 +59,27 @@ def main(out: Path, mode: str) -> int:
 
         def save(obj, f, *args, **kwargs):
             if isinstance(obj, dict) and "format_version" in obj:
-                resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+                resource.setrlimit(
+                    resource.RLIMIT_FSIZE, (64, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
+                )
             return real_save(obj, f, *args, **kwargs)
 
         torch.save = save
     try:
-        trainer.train(sampler, dataset=data, durations=durations, max_steps=STEPS,
-                      resume_from="latest" if mode == "resume" else None)
+        trainer.train(
+            sampler,
+            dataset=data,
+            durations=durations,
+            max_steps=STEPS,
+            resume_from="latest" if mode == "resume" else None,
+        )
     except TrainingInterrupted as stop:
-        record = {"step": stop.step, "signal": stop.signal_name, "status": stop.exit_status,
-                  "checkpoint": None if stop.checkpoint is None else str(stop.checkpoint)}
+        record = {
+            "step": stop.step,
+            "signal": stop.signal_name,
+            "status": stop.exit_status,
+            "checkpoint": None if stop.checkpoint is None else str(stop.checkpoint),
+        }
         (out / f"stopped-rank{rank}.json").write_text(json.dumps(record))
         return stop.exit_status
     except OSError as exc:

@@ -49,10 +49,20 @@ def manifest(tmp_path):
 def test_bad_utterances_are_skipped_and_counted(manifest, caplog) -> None:
     vocab = CharVocabulary(list("abc"))
     caplog.set_level(logging.INFO)
-    ds = SpeechDataset(utterances_from(manifest), vocab, Frontend("asrfit_conformer", LogMel()),
-                       output_frames=_frames, max_seconds=5.0, long_utterances="filter")
-    assert dict(ds.skipped) == {"empty_transcript": 1, "too_long_for_ctc": 1,
-                                "unknown_characters": 1, "too_long": 1}
+    ds = SpeechDataset(
+        utterances_from(manifest),
+        vocab,
+        Frontend("asrfit_conformer", LogMel()),
+        output_frames=_frames,
+        max_seconds=5.0,
+        long_utterances="filter",
+    )
+    assert dict(ds.skipped) == {
+        "empty_transcript": 1,
+        "too_long_for_ctc": 1,
+        "unknown_characters": 1,
+        "too_long": 1,
+    }
     assert len(ds) == 3  # good1, good2 and the corrupt file (its manifest duration looks fine)
     assert "unknown.wav" in caplog.text and "long_text.wav" in caplog.text
     # the corrupt file fails at load time: logged, counted, replaced by a shorter good one
@@ -66,8 +76,14 @@ def test_bad_utterances_are_skipped_and_counted(manifest, caplog) -> None:
 
 def test_long_utterances_are_chunked_with_their_words(manifest) -> None:
     vocab = CharVocabulary(list("abc"))
-    ds = SpeechDataset(utterances_from(manifest), vocab, Frontend("asrfit_conformer", LogMel()),
-                       output_frames=_frames, max_seconds=2.5, long_utterances="chunk")
+    ds = SpeechDataset(
+        utterances_from(manifest),
+        vocab,
+        Frontend("asrfit_conformer", LogMel()),
+        output_frames=_frames,
+        max_seconds=2.5,
+        long_utterances="chunk",
+    )
     chunks = [u for u in ds.utterances if "too_long" in str(u.source)]
     assert len(chunks) == 1  # "abc" is one word: one chunk keeps it, the others are empty (skipped)
     assert ds.skipped["empty_transcript"] == 1 + 2
@@ -76,10 +92,15 @@ def test_long_utterances_are_chunked_with_their_words(manifest) -> None:
 
 def test_nothing_usable_is_a_clear_error(tmp_path) -> None:
     _wav(tmp_path / "a.wav", 1.0)
-    (tmp_path / "m.jsonl").write_text(json.dumps({"audio_filepath": "a.wav", "duration": 1.0, "text": ""}) + "\n")
+    (tmp_path / "m.jsonl").write_text(
+        json.dumps({"audio_filepath": "a.wav", "duration": 1.0, "text": ""}) + "\n"
+    )
     with pytest.raises(ConfigError, match="no usable utterances"):
-        SpeechDataset(utterances_from(tmp_path / "m.jsonl"), CharVocabulary(["a"]),
-                      Frontend("asrfit_conformer", LogMel()))
+        SpeechDataset(
+            utterances_from(tmp_path / "m.jsonl"),
+            CharVocabulary(["a"]),
+            Frontend("asrfit_conformer", LogMel()),
+        )
 
 
 def test_audio_folders_and_hf_datasets_give_the_same_utterances(tmp_path) -> None:

@@ -30,13 +30,30 @@ from asrfit.train.trainer import MemoryEfficientTrainer
 SPECS = {"whisper": "whisper-tiny", "parakeet_tdt": "parakeet-tdt-0.6b-v2"}
 TINY = {
     # 150 encoder positions: every sample is padded to a 300-frame (3 s) window
-    "whisper": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                    decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                    max_source_positions=150, max_target_positions=64),
+    "whisper": dict(
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=150,
+        max_target_positions=64,
+    ),
     # encoder fields go to encoder_config; dropout off so that gradients are deterministic
-    "parakeet_tdt": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                         subsampling_conv_channels=32, decoder_hidden_size=64, num_decoder_layers=1,
-                         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0),
+    "parakeet_tdt": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        subsampling_conv_channels=32,
+        decoder_hidden_size=64,
+        num_decoder_layers=1,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    ),
 }
 FAMILIES = sorted(SPECS)
 STEPS = 40
@@ -60,11 +77,15 @@ def vocab(corpus) -> CharVocabulary:
 
 def _build(family: str, vocab: CharVocabulary, seed: int = 0, **overrides) -> ASRModel:
     torch.manual_seed(seed)
-    return build_asr_model(SPECS[family], vocab, pretrained=False, overrides={**TINY[family], **overrides})
+    return build_asr_model(
+        SPECS[family], vocab, pretrained=False, overrides={**TINY[family], **overrides}
+    )
 
 
 def _dataset(asr: ASRModel, source, vocab: CharVocabulary) -> SpeechDataset:
-    return SpeechDataset(utterances_from(source), vocab, asr.frontend, **asr.label_rules(), cache=True)
+    return SpeechDataset(
+        utterances_from(source), vocab, asr.frontend, **asr.label_rules(), cache=True
+    )
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -76,8 +97,16 @@ class RecordingSGD(torch.optim.SGD):
 
 
 def _trainer(asr: ASRModel, config: TrainingConfig, optimizer=None) -> MemoryEfficientTrainer:
-    return MemoryEfficientTrainer(asr.model, config, loss_fn=asr.loss_fn, units_fn=asr.units_fn,
-                                  optimizer=optimizer, progress=False, preflight=False, cpu=True)
+    return MemoryEfficientTrainer(
+        asr.model,
+        config,
+        loss_fn=asr.loss_fn,
+        units_fn=asr.units_fn,
+        optimizer=optimizer,
+        progress=False,
+        preflight=False,
+        cpu=True,
+    )
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -85,7 +114,9 @@ def trained(request, corpus, vocab):
     """A tiny model of each family after STEPS optimizer steps on 8 utterances (2 batches of 4)."""
     asr = _build(request.param, vocab)
     train = _dataset(asr, corpus / "train.jsonl", vocab)
-    config = TrainingConfig(learning_rate=LEARNING_RATE[request.param], warmup_steps=0, num_train_epochs=math.inf)
+    config = TrainingConfig(
+        learning_rate=LEARNING_RATE[request.param], warmup_steps=0, num_train_epochs=math.inf
+    )
     trainer = _trainer(asr, config)
     trainer.train([[0, 1, 2, 3], [4, 5, 6, 7]], dataset=train, max_steps=STEPS)
     asr.model.eval()
@@ -98,10 +129,18 @@ def trained(request, corpus, vocab):
 def test_special_ids_stay_clear_of_the_characters(vocab) -> None:
     n = len(vocab)  # <pad>, <unk>, |, then the characters: ids 0 .. n - 1
     whisper = _build("whisper", vocab).config
-    assert (whisper.vocab_size, whisper.eos_token_id, whisper.decoder_start_token_id) == (n + 2, n, n + 1)
+    assert (whisper.vocab_size, whisper.eos_token_id, whisper.decoder_start_token_id) == (
+        n + 2,
+        n,
+        n + 1,
+    )
     assert whisper.pad_token_id == 0 and whisper.begin_suppress_tokens is None
     tdt = _build("parakeet_tdt", vocab).config
-    assert (tdt.vocab_size, tdt.blank_token_id, tdt.pad_token_id) == (n + 1, n, 0)  # blank is the last id
+    assert (tdt.vocab_size, tdt.blank_token_id, tdt.pad_token_id) == (
+        n + 1,
+        n,
+        0,
+    )  # blank is the last id
     assert tdt.encoder_config.hidden_size == 64 and tdt.encoder_config.num_key_value_heads == 4
 
 
@@ -135,7 +174,9 @@ def test_tdt_keeps_transcripts_longer_than_its_frames(tmp_path, vocab) -> None:
     import soundfile as sf
 
     path = tmp_path / "short.wav"
-    sf.write(path, (0.1 * np.random.default_rng(0).standard_normal(6400)).astype(np.float32), 16_000)
+    sf.write(
+        path, (0.1 * np.random.default_rng(0).standard_normal(6400)).astype(np.float32), 16_000
+    )
     text = "".join(vocab.characters[:11])
     utt = [Utterance(path, text, 0.4)]
     tdt = _build("parakeet_tdt", vocab)
@@ -147,7 +188,9 @@ def test_tdt_keeps_transcripts_longer_than_its_frames(tmp_path, vocab) -> None:
 
 def test_unsupported_family_names_the_supported_ones(vocab) -> None:
     with pytest.raises(ConfigError, match="whisper, parakeet_tdt"):
-        build_asr_model({"model_type": "bert", "architectures": ["BertModel"]}, vocab, pretrained=False)
+        build_asr_model(
+            {"model_type": "bert", "architectures": ["BertModel"]}, vocab, pretrained=False
+        )
 
 
 # ------------------------------------------------------------------ loss normalisation
@@ -197,7 +240,9 @@ def test_loss_sum_of_a_batch_is_the_sum_over_its_utterances(family, corpus, voca
     batch_sum, batch_units = asr.loss_fn(asr.model, pad_collate([data[i] for i in range(4)]))
     alone = [asr.loss_fn(asr.model, pad_collate([data[i]])) for i in range(4)]
     assert batch_units == sum(units for _, units in alone)
-    want_units = [len(data.labels[i]) if family == "whisper" else 1 for i in range(4)]  # tokens / utterances
+    want_units = [
+        len(data.labels[i]) if family == "whisper" else 1 for i in range(4)
+    ]  # tokens / utterances
     assert [units for _, units in alone] == want_units
     assert float(batch_sum) == pytest.approx(sum(float(loss) for loss, _ in alone), rel=1e-5)
 
@@ -210,7 +255,11 @@ def test_whisper_units_are_tokens_so_a_mean_of_means_would_differ(corpus, vocab)
     data = _dataset(asr, corpus / "train.jsonl", vocab)
     a, b = pad_collate([data[0], data[1], data[2]]), pad_collate([data[3]])
     (sa, ua), (sb, ub) = asr.loss_fn(asr.model, a), asr.loss_fn(asr.model, b)
-    assert (ua, ub) == (asr.units_fn(a), asr.units_fn(b)) == (int((a["labels"] >= 0).sum()), len(data.labels[3]))
+    assert (
+        (ua, ub)
+        == (asr.units_fn(a), asr.units_fn(b))
+        == (int((a["labels"] >= 0).sum()), len(data.labels[3]))
+    )
     exact, by_utterance = (sa + sb) / (ua + ub), (3 * sa / ua + sb / ub) / 4
     assert abs(float(exact - by_utterance)) > 1e-3 * float(exact)
 
@@ -226,7 +275,9 @@ def test_loss_falls(trained) -> None:
     assert last < 0.75 * first, (asr.family, losses)
 
 
-def test_saved_model_reloads_with_identical_greedy_predictions(trained, corpus, vocab, tmp_path) -> None:
+def test_saved_model_reloads_with_identical_greedy_predictions(
+    trained, corpus, vocab, tmp_path
+) -> None:
     asr, _ = trained
     dev = _dataset(asr, corpus / "dev.jsonl", vocab)
     first, loss = transcribe(asr.model, dev)
@@ -253,7 +304,9 @@ def test_whisper_cached_greedy_equals_a_full_recompute(trained, corpus, vocab) -
         for row in feats:
             tokens = [config.decoder_start_token_id]
             while len(tokens) < 40:
-                logits = asr.model(input_features=row[None], decoder_input_ids=torch.tensor([tokens])).logits[0, -1]
+                logits = asr.model(
+                    input_features=row[None], decoder_input_ids=torch.tensor([tokens])
+                ).logits[0, -1]
                 logits[[config.decoder_start_token_id, config.pad_token_id]] = -math.inf
                 tokens.append(int(logits.argmax()))
                 if tokens[-1] == config.eos_token_id:
@@ -268,8 +321,12 @@ def test_tdt_batched_greedy_equals_each_utterance_alone(trained, corpus, vocab) 
     dev = _dataset(asr, corpus / "dev.jsonl", vocab)
     batch = pad_collate([dev[i] for i in range(len(dev))])
     together = transducer_greedy(asr.model, batch["input_features"], batch["attention_mask"])
-    alone = [transducer_greedy(asr.model, dev[i]["input_features"][None], dev[i]["attention_mask"][None])[0]
-             for i in range(len(dev))]
+    alone = [
+        transducer_greedy(
+            asr.model, dev[i]["input_features"][None], dev[i]["attention_mask"][None]
+        )[0]
+        for i in range(len(dev))
+    ]
     assert together == alone
     blank = asr.model.config.blank_token_id
     assert all(0 < t < blank for row in together for t in row)
@@ -286,8 +343,16 @@ def _whisper_tokenizer(folder):
     letters = [*"abcdefghijklmnopqrstuvwxyz", "\u0120"]  # \u0120: byte-level BPE's space
     (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(letters)}))
     (folder / "merges.txt").write_text("#version: 0.2\n")
-    tokenizer = WhisperTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))  # <|endoftext|> = 27
-    specials = ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|translate|>", "<|notimestamps|>"]
+    tokenizer = WhisperTokenizer(
+        str(folder / "vocab.json"), str(folder / "merges.txt")
+    )  # <|endoftext|> = 27
+    specials = [
+        "<|startoftranscript|>",
+        "<|en|>",
+        "<|transcribe|>",
+        "<|translate|>",
+        "<|notimestamps|>",
+    ]
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
     return tokenizer
 
@@ -299,10 +364,17 @@ def test_a_pretrained_whisper_folder_keeps_its_own_tokenizer(tmp_path, corpus, v
     eos, start = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|startoftranscript|>"])
     checkpoint = tmp_path / "checkpoint"
     base = _build("whisper", vocab).config.to_dict()
-    base.update(vocab_size=len(tokenizer), eos_token_id=eos, pad_token_id=eos, bos_token_id=eos,
-                decoder_start_token_id=start)
+    base.update(
+        vocab_size=len(tokenizer),
+        eos_token_id=eos,
+        pad_token_id=eos,
+        bos_token_id=eos,
+        decoder_start_token_id=start,
+    )
     torch.manual_seed(0)
-    original = auto_class_for("whisper").from_config(type(_build("whisper", vocab).config).from_dict(base))
+    original = auto_class_for("whisper").from_config(
+        type(_build("whisper", vocab).config).from_dict(base)
+    )
     original.save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
     WhisperFeatureExtractor(feature_size=80, chunk_length=3).save_pretrained(checkpoint)
@@ -313,18 +385,31 @@ def test_a_pretrained_whisper_folder_keeps_its_own_tokenizer(tmp_path, corpus, v
     for name, p in asr.model.named_parameters():
         assert torch.equal(p, original.state_dict()[name]), name
     prefix = tokenizer.convert_tokens_to_ids(["<|transcribe|>", "<|notimestamps|>"])
-    assert asr.label_rules() == {"label_prefix": tuple(prefix), "label_suffix": (eos,), "max_labels": 64}
+    assert asr.label_rules() == {
+        "label_prefix": tuple(prefix),
+        "label_suffix": (eos,),
+        "max_labels": 64,
+    }
     data = _dataset(asr, corpus / "dev.jsonl", asr.vocab)
     text = data.texts[0]
-    assert data[0]["labels"].tolist() == [*prefix, *tokenizer(text, add_special_tokens=False)["input_ids"], eos]
+    assert data[0]["labels"].tolist() == [
+        *prefix,
+        *tokenizer(text, add_special_tokens=False)["input_ids"],
+        eos,
+    ]
     assert asr.vocab.decode(tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]) == text
-    hypotheses, loss = transcribe(asr.model, data)  # forced prompt: start, transcribe, no timestamps
+    hypotheses, loss = transcribe(
+        asr.model, data
+    )  # forced prompt: start, transcribe, no timestamps
     assert len(hypotheses) == len(data) and math.isfinite(loss)
     from transformers import AutoTokenizer
 
     asr.vocab.save(tmp_path / "saved")
     reloaded = AutoTokenizer.from_pretrained(tmp_path / "saved")
-    assert reloaded(text, add_special_tokens=False)["input_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert (
+        reloaded(text, add_special_tokens=False)["input_ids"]
+        == tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
     assert (tmp_path / "saved" / "asrfit_text.json").is_file()
 
 
@@ -333,7 +418,9 @@ def test_a_missing_tokenizer_falls_back_to_the_characters(tmp_path, vocab, caplo
     _build("whisper", vocab).model.save_pretrained(checkpoint)  # weights, no tokenizer
     asr = build_asr_model(str(checkpoint), vocab, pretrained=True)
     assert asr.pretrained and asr.vocab is vocab and asr.config.vocab_size == len(vocab) + 2
-    assert "its tokenizer has 1 tokens for the model's vocab_size" in caplog.text  # transformers' empty one
+    assert (
+        "its tokenizer has 1 tokens for the model's vocab_size" in caplog.text
+    )  # transformers' empty one
 
 
 # ------------------------------------------------------------------ the CLI
@@ -346,11 +433,32 @@ def test_cli_trains_a_tiny_whisper_for_an_epoch(corpus, tmp_path) -> None:
 
     sets = [arg for key, value in TINY["whisper"].items() for arg in ("--set", f"{key}={value}")]
     out = tmp_path / "run"
-    result = CliRunner().invoke(cli, [
-        "train", "--model", "whisper-tiny", "--random-init", *sets, "--data", str(corpus / "train.jsonl"),
-        "--dev", str(corpus / "dev.jsonl"), "--test", str(corpus / "test.jsonl"), "--out", str(out),
-        "--gpu", "auto", "--epochs", "1", "--target-batch", "8", "--lr", "3e-3",
-    ])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "--model",
+            "whisper-tiny",
+            "--random-init",
+            *sets,
+            "--data",
+            str(corpus / "train.jsonl"),
+            "--dev",
+            str(corpus / "dev.jsonl"),
+            "--test",
+            str(corpus / "test.jsonl"),
+            "--out",
+            str(out),
+            "--gpu",
+            "auto",
+            "--epochs",
+            "1",
+            "--target-batch",
+            "8",
+            "--lr",
+            "3e-3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["model_class"] == "WhisperForConditionalGeneration"
@@ -364,7 +472,9 @@ def test_cli_trains_a_tiny_whisper_for_an_epoch(corpus, tmp_path) -> None:
     processor = AutoProcessor.from_pretrained(out / "best", trust_remote_code=True)
     assert type(processor.tokenizer).__name__ == "CharSeq2SeqTokenizer"
     ids = processor.tokenizer("katte bobbas").input_ids
-    assert processor.batch_decode([ids + [len(processor.tokenizer)]])[0] == "katte bobbas"  # end of text dropped
+    assert (
+        processor.batch_decode([ids + [len(processor.tokenizer)]])[0] == "katte bobbas"
+    )  # end of text dropped
     row = json.loads((corpus / "dev.jsonl").read_text().splitlines()[0])
     import soundfile as sf
 

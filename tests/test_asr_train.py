@@ -23,10 +23,18 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run(corpus, tmp_path_factory):
     cfg = RunConfig(
-        model="conformer-ctc-small", train=str(corpus / "train.jsonl"), dev=str(corpus / "dev.jsonl"),
-        test=str(corpus / "test.jsonl"), out_dir=str(tmp_path_factory.mktemp("run")),
-        target_batch=8, epochs=6, learning_rate=3e-3, stages=[0.5, 1.0], random_init=True,
-        model_overrides=TINY, spec_augment=False,
+        model="conformer-ctc-small",
+        train=str(corpus / "train.jsonl"),
+        dev=str(corpus / "dev.jsonl"),
+        test=str(corpus / "test.jsonl"),
+        out_dir=str(tmp_path_factory.mktemp("run")),
+        target_batch=8,
+        epochs=6,
+        learning_rate=3e-3,
+        stages=[0.5, 1.0],
+        random_init=True,
+        model_overrides=TINY,
+        spec_augment=False,
     )
     return cfg, train_asr(cfg)
 
@@ -58,7 +66,10 @@ def test_stage_two_starts_from_stage_one(run) -> None:
     # far below stage 1's first (random weights)
     assert stage2[0].train_loss < stage1[0].train_loss * 0.8
     assert stage2[-1].steps > stage1[-1].steps  # twice the data per epoch
-    assert len(list((__import__("pathlib").Path(cfg.out_dir) / "stage1" / "checkpoints").glob("*.pt"))) >= 1
+    assert (
+        len(list((__import__("pathlib").Path(cfg.out_dir) / "stage1" / "checkpoints").glob("*.pt")))
+        >= 1
+    )
 
 
 @pytest.mark.slow
@@ -74,7 +85,9 @@ def test_saved_model_loads_and_predicts_identically(run) -> None:
     best = report.best_dir
     model = AutoModelForCTC.from_pretrained(best)
     vocab = CharVocabulary.load(best)
-    assert AutoTokenizer.from_pretrained(best).get_vocab() == {t: i for i, t in enumerate(vocab.tokens)}
+    assert AutoTokenizer.from_pretrained(best).get_vocab() == {
+        t: i for i, t in enumerate(vocab.tokens)
+    }
     pre = json.loads((__import__("pathlib").Path(best) / "preprocessor_config.json").read_text())
     frontend = Frontend("asrfit_conformer", LogMel(n_mels=pre["feature_size"]))
     test = SpeechDataset(utterances_from(cfg.test), vocab, frontend, keep_unknown=True)
@@ -100,19 +113,29 @@ def test_resume_continues_the_last_stage(run) -> None:
     resumed = train_asr(more)
     # the report keeps the 12 epochs already scored (run_state.json), then one more per stage:
     # stage 1 had finished (6 of 7 epochs are not redone: it continues for one more epoch)
-    assert [(e.stage, e.epoch) for e in resumed.epochs[:12]] == [(e.stage, e.epoch) for e in report.epochs]
+    assert [(e.stage, e.epoch) for e in resumed.epochs[:12]] == [
+        (e.stage, e.epoch) for e in report.epochs
+    ]
     new = resumed.epochs[12:]
     assert [(e.stage, e.epoch) for e in new] == [(1, 7), (2, 7)]
     assert new[1].steps > report.epochs[-1].steps
 
 
 @pytest.mark.slow
-def test_resumed_to_train_longer_keeps_its_steps_and_follows_the_longer_schedule(corpus, tmp_path) -> None:
+def test_resumed_to_train_longer_keeps_its_steps_and_follows_the_longer_schedule(
+    corpus, tmp_path
+) -> None:
     # reference: a fresh run of the longer length, whose schedule the resumed run must follow
     common = {
-        "model": "conformer-ctc-small", "train": str(corpus / "train.jsonl"), "target_batch": 8,
-        "epochs": 10, "learning_rate": 3e-3, "random_init": True, "model_overrides": TINY,
-        "spec_augment": False, "tensorboard": False,
+        "model": "conformer-ctc-small",
+        "train": str(corpus / "train.jsonl"),
+        "target_batch": 8,
+        "epochs": 10,
+        "learning_rate": 3e-3,
+        "random_init": True,
+        "model_overrides": TINY,
+        "spec_augment": False,
+        "tensorboard": False,
     }
 
     def steps(folder) -> list[dict]:
@@ -143,12 +166,23 @@ def test_resuming_with_another_model_is_refused_by_name(corpus, tmp_path) -> Non
 
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / "run_config.json").write_text(json.dumps({"model": "conformer-ctc-tiny", "model_overrides": {}}))
-    cfg = RunConfig(model="conformer-ctc-small", train=str(corpus / "train.jsonl"), out_dir=str(folder),
-                    resume=True, random_init=True)
-    with pytest.raises(ConfigError, match=r"trained with --model 'conformer-ctc-tiny'.*'conformer-ctc-small'"):
+    (folder / "run_config.json").write_text(
+        json.dumps({"model": "conformer-ctc-tiny", "model_overrides": {}})
+    )
+    cfg = RunConfig(
+        model="conformer-ctc-small",
+        train=str(corpus / "train.jsonl"),
+        out_dir=str(folder),
+        resume=True,
+        random_init=True,
+    )
+    with pytest.raises(
+        ConfigError, match=r"trained with --model 'conformer-ctc-tiny'.*'conformer-ctc-small'"
+    ):
         train_asr(cfg)
-    same = RunConfig.from_dict({**cfg.to_dict(), "model": "conformer-ctc-tiny", "model_overrides": {"d_model": 48}})
+    same = RunConfig.from_dict(
+        {**cfg.to_dict(), "model": "conformer-ctc-tiny", "model_overrides": {"d_model": 48}}
+    )
     with pytest.raises(ConfigError, match=r"--set \{\}.*'d_model': 48"):
         train_asr(same)
 
@@ -174,12 +208,25 @@ def test_a_plan_of_the_manifest_as_given_trains_its_long_audio(corpus, tmp_path)
     manifest = tmp_path / "train.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
     hardware = HardwareProfile.resolve("auto")
-    saved = plan(hardware, DatasetProfile.from_source(str(manifest)), "conformer-ctc-tiny",
-                 target_effective_batch=8).save(tmp_path / "plan.json")
-    report = train_asr(RunConfig(
-        model="conformer-ctc-tiny", train=str(manifest), out_dir=str(tmp_path / "run"), plan=str(saved),
-        target_batch=8, max_steps=2, random_init=True, tensorboard=False, gpu="auto",
-    ))
+    saved = plan(
+        hardware,
+        DatasetProfile.from_source(str(manifest)),
+        "conformer-ctc-tiny",
+        target_effective_batch=8,
+    ).save(tmp_path / "plan.json")
+    report = train_asr(
+        RunConfig(
+            model="conformer-ctc-tiny",
+            train=str(manifest),
+            out_dir=str(tmp_path / "run"),
+            plan=str(saved),
+            target_batch=8,
+            max_steps=2,
+            random_init=True,
+            tensorboard=False,
+            gpu="auto",
+        )
+    )
     assert not any("not_batched" in reason for reason in report.skipped), report.skipped
 
 
@@ -201,8 +248,12 @@ def test_utterances_the_plan_cannot_batch_are_listed_and_counted(corpus, tmp_pat
     for row in rows:
         row["audio_filepath"] = str(corpus / row["audio_filepath"])
     short.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    saved = plan(HardwareProfile.resolve("auto"), DatasetProfile.from_source(str(short)), "conformer-ctc-tiny",
-                 target_effective_batch=8).save(tmp_path / "plan.json")
+    saved = plan(
+        HardwareProfile.resolve("auto"),
+        DatasetProfile.from_source(str(short)),
+        "conformer-ctc-tiny",
+        target_effective_batch=8,
+    ).save(tmp_path / "plan.json")
     edited = json.loads(saved.read_text())
     edited["data"]["max_seconds"] = 20.0
     saved.write_text(json.dumps(edited))
@@ -211,12 +262,23 @@ def test_utterances_the_plan_cannot_batch_are_listed_and_counted(corpus, tmp_pat
     rows.append({"audio_filepath": str(clip), "duration": 10.0, "text": rows[0]["text"]})
     manifest = tmp_path / "train.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    common = {"model": "conformer-ctc-tiny", "train": str(manifest), "plan": str(saved), "force_plan": True,
-              "target_batch": 8, "max_steps": 1, "random_init": True, "tensorboard": False, "gpu": "auto"}
+    common = {
+        "model": "conformer-ctc-tiny",
+        "train": str(manifest),
+        "plan": str(saved),
+        "force_plan": True,
+        "target_batch": 8,
+        "max_steps": 1,
+        "random_init": True,
+        "tensorboard": False,
+        "gpu": "auto",
+    }
     report = train_asr(RunConfig(**common, out_dir=str(tmp_path / "run")))
     key = "not_batched: longer than the largest bucket"
     assert [v for k, v in report.skipped.items() if k.startswith(key)] == [1]
-    listed = [json.loads(line) for line in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()]
+    listed = [
+        json.loads(line) for line in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()
+    ]
     assert [e["reason"][: len(key)] for e in listed] == [key]
     with pytest.raises(ConfigError, match=key):
         train_asr(RunConfig(**common, out_dir=str(tmp_path / "strict"), max_skipped=0.01))

@@ -221,7 +221,10 @@ def test_interrupted_write_leaves_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(tmp_path, model=model, step=2, optimizer=optimizer)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-00000001.pt", "checkpoint-00000001.pt.sha256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-00000001.pt",
+        "checkpoint-00000001.pt.sha256",
+    ]
     assert first.read_bytes() == before
 
 

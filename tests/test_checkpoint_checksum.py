@@ -45,11 +45,18 @@ def _truncate(path):
 
 def test_each_checkpoint_has_its_sha256_and_old_ones_go_with_it(tmp_path):
     files = _save(tmp_path, [1, 2, 3], keep_last=2)
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-00000002.pt", "checkpoint-00000003.pt"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "checkpoint-00000002.pt",
+        "checkpoint-00000003.pt",
+    ]
     assert sorted(p.name for p in tmp_path.glob("*.sha256")) == [
-        "checkpoint-00000002.pt.sha256", "checkpoint-00000003.pt.sha256"]
+        "checkpoint-00000002.pt.sha256",
+        "checkpoint-00000003.pt.sha256",
+    ]
     newest = files[-1]
-    want = f"{hashlib.sha256(newest.read_bytes()).hexdigest()}  {newest.name}\n"  # as sha256sum writes
+    want = (
+        f"{hashlib.sha256(newest.read_bytes()).hexdigest()}  {newest.name}\n"  # as sha256sum writes
+    )
     assert checksum_path(newest).read_text() == want
     assert checkpoint_problem(newest) is None
 
@@ -79,13 +86,17 @@ def test_no_good_checkpoint_is_an_error_naming_each(tmp_path):
     files = _save(tmp_path, [1, 2])
     _flip(files[0])
     _truncate(files[1])
-    with pytest.raises(ConfigError, match=r"checkpoint-00000002\.pt: .*checkpoint-00000001\.pt: .*afresh"):
+    with pytest.raises(
+        ConfigError, match=r"checkpoint-00000002\.pt: .*checkpoint-00000001\.pt: .*afresh"
+    ):
         latest_good_checkpoint(tmp_path)
 
 
 def _write_under_a_file_size_limit(target: str, text: str, limit_bytes: int, queue) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: EFBIG instead of death
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    resource.setrlimit(
+        resource.RLIMIT_FSIZE, (limit_bytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
+    )
     try:
         atomic_write_text(target, text)
         queue.put(None)
@@ -100,7 +111,9 @@ def test_a_full_disk_names_the_file_and_the_bytes_and_keeps_the_old_file(tmp_pat
     target.write_text("old")
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    child = ctx.Process(target=_write_under_a_file_size_limit, args=(str(target), "x" * 5000, 1000, queue))
+    child = ctx.Process(
+        target=_write_under_a_file_size_limit, args=(str(target), "x" * 5000, 1000, queue)
+    )
     child.start()
     got = queue.get(timeout=60)
     child.join()

@@ -293,7 +293,10 @@ def test_demo_data_json(tmp_path: Path) -> None:
     assert "train split" in json.loads(result.stdout)
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 128 + signal.SIGUSR1)])
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 128 + signal.SIGUSR1)],
+)
 def test_train_stopped_by_a_signal_exits_128_plus_its_number(
     signum: int, status: int, manifest: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -307,7 +310,13 @@ def test_train_stopped_by_a_signal_exits_128_plus_its_number(
         raise TrainingInterrupted(3, tmp_path / "checkpoint-00000003.pt", signum)
 
     monkeypatch.setattr(run, "train_asr", stopped)
-    args = [*_train(manifest, tmp_path), "--stop-signals", "SIGTERM,SIGUSR1", "--keep-checkpoints", "3"]
+    args = [
+        *_train(manifest, tmp_path),
+        "--stop-signals",
+        "SIGTERM,SIGUSR1",
+        "--keep-checkpoints",
+        "3",
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == status, result.output
     assert "after step 3" in result.output and "--resume" in result.output

@@ -90,7 +90,9 @@ def test_tiny_parameter_count_matches_hand_count():
 
     # A one-layer decoder: tokens, 16 positions, self- and cross-attention, FFN, norm, head;
     # its vocabulary is the 10 CTC classes plus its own <sos/eos>.
-    decoder = (vocab + 1) * d + 16 * d + (2 * attention + ffn) + layer_norm(d) + linear(d, vocab + 1)
+    decoder = (
+        (vocab + 1) * d + 16 * d + (2 * attention + ffn) + layer_norm(d) + linear(d, vocab + 1)
+    )
     model = tiny_model(decoder_layers=1, max_target_positions=16)
     assert n_params(model) == expected + decoder == 60_853
 

@@ -19,7 +19,14 @@ def test_fit_recovers_exact_coefficients() -> None:
     def truth(b: int, t: int, u: int) -> int:
         return 1_000_000 + b * (70_000 + 300 * t + 2 * t * t + 5_000 * u)
 
-    shapes = [(1, 500, 10), (4, 500, 40), (1, 2_000, 30), (4, 2_000, 100), (2, 1_000, 80), (3, 1_500, 20)]
+    shapes = [
+        (1, 500, 10),
+        (4, 500, 40),
+        (1, 2_000, 30),
+        (4, 2_000, 100),
+        (2, 1_000, 80),
+        (3, 1_500, 20),
+    ]
     model = fit_from_simulator(truth, shapes)
     assert model.c0_bytes == pytest.approx(1_000_000, rel=1e-6)
     assert model.a_bytes_per_step == pytest.approx(300, rel=1e-6)
@@ -31,7 +38,9 @@ def test_fit_recovers_exact_coefficients() -> None:
 
 
 def test_max_batch_is_the_largest_that_fits() -> None:
-    model = PeakModel(c0_bytes=100.0, a_bytes_per_step=1.0, b_bytes_per_step2=0.0, c_bytes_per_label=0.0)
+    model = PeakModel(
+        c0_bytes=100.0, a_bytes_per_step=1.0, b_bytes_per_step2=0.0, c_bytes_per_label=0.0
+    )
     # peak(B, 10, 0) = 100 + 10 B: a 200-byte budget takes B = 10 exactly, not 11.
     assert model.max_batch(200, 10, 0) == 10
     assert model.max_batch(99, 10, 0) == 0
@@ -116,7 +125,9 @@ def test_setup_max_batch_is_the_largest_reserved_fit_found_by_a_scan() -> None:
 
 def test_never_under_covers_every_point() -> None:
     # peak = 1000 + 10 B T, except one point 5 % above the plane (a kink the form cannot follow).
-    points = [(b, t, 0, 1000 + 10 * b * t) for b, t in [(1, 10), (2, 10), (4, 20), (8, 20), (3, 30)]]
+    points = [
+        (b, t, 0, 1000 + 10 * b * t) for b, t in [(1, 10), (2, 10), (4, 20), (8, 20), (3, 30)]
+    ]
     points.append((6, 30, 0, int(1.05 * (1000 + 10 * 6 * 30))))
     plain = fit_peak_model(points)
     safe = fit_peak_model(points, never_under=True)
@@ -141,9 +152,17 @@ def test_fit_to_real_simulations_predicts_held_out_shapes() -> None:
     from asrfit.memory.simulate import simulate_step
 
     cfg = Wav2Vec2Config(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=2, vocab_size=12, feat_extract_norm="layer",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        vocab_size=12,
+        feat_extract_norm="layer",
     )
     cfg.architectures = ["Wav2Vec2ForCTC"]
     adapter = hf_adapter(cfg)

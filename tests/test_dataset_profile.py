@@ -177,7 +177,9 @@ def test_no_audio_with_durations_leaves_disk_bytes_unknown(tmp_path):
 def test_unreadable_audio_names_the_file_and_is_left_out(tmp_path):
     path = dummy_manifest(tmp_path, [1.0, 2.0], with_durations=False)
     (tmp_path / "audio" / "utt_0001.wav").write_bytes(b"not a wav file at all")
-    with pytest.warns(UserWarning, match=r"1 of 2 sampled audio files cannot be read .*utt_0001\.wav: cannot read"):
+    with pytest.warns(
+        UserWarning, match=r"1 of 2 sampled audio files cannot be read .*utt_0001\.wav: cannot read"
+    ):
         p = DatasetProfile.from_manifest(path)
     assert p.duration_max_seconds == 1.0 and p.missing_audio_count == 1
 
@@ -193,7 +195,10 @@ def test_declared_durations_the_audio_contradicts_are_warned_about(tmp_path) -> 
     rows[2]["duration"] = 30.0
     rows[1]["duration"] = 2.05  # within the tolerance (0.1 s): no warning for it
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.warns(UserWarning, match=r"1 of 3 sampled utterances declare a duration .*#2: 30 s declared, 5\.00 s in .*utt_0002\.wav"):
+    with pytest.warns(
+        UserWarning,
+        match=r"1 of 3 sampled utterances declare a duration .*#2: 30 s declared, 5\.00 s in .*utt_0002\.wav",
+    ):
         p = DatasetProfile.from_manifest(path)
     assert p.duration_max_seconds == 30.0
     rows[2]["duration"] = 5.0
@@ -205,8 +210,12 @@ def test_declared_durations_the_audio_contradicts_are_warned_about(tmp_path) -> 
 
 def test_mixed_sample_rates_are_named_with_their_counts(tmp_path) -> None:
     path = dummy_manifest(tmp_path, [1.0, 1.5, 2.0])
-    write_dummy_audio(tmp_path / "audio" / "utt_0002.wav", duration_seconds=2.0, sample_rate_hz=8000)
-    with pytest.warns(UserWarning, match=r"mix sample rates: 16,000 Hz \(2\), 8,000 Hz \(1\) files"):
+    write_dummy_audio(
+        tmp_path / "audio" / "utt_0002.wav", duration_seconds=2.0, sample_rate_hz=8000
+    )
+    with pytest.warns(
+        UserWarning, match=r"mix sample rates: 16,000 Hz \(2\), 8,000 Hz \(1\) files"
+    ):
         p = DatasetProfile.from_manifest(path)
     assert p.sample_rate_hz == 16000  # the most common, as the field says
 

@@ -523,7 +523,6 @@ def test_nemo_buffer_grows_for_a_rare_bucket():
 # ---------------------------------------------------------------- Lightning
 
 
-
 @pytest.mark.parametrize(
     ("setup", "strategy", "approximate"),
     [

@@ -75,9 +75,15 @@ def test_too_many_skips_stop_with_counts_and_the_knob(tmp_path, asr):
 
 def test_duration_tolerance_is_settable(tmp_path, asr):
     audio = write_dummy_audio(tmp_path / "a.wav", duration_seconds=1.0)
-    manifest = write_manifest(tmp_path / "m.jsonl", [{"audio_filepath": str(audio), "text": "a", "duration": 1.15}])
-    _, strict = validate_utterances(utterances_from(manifest), ValidationPolicy(duration_tolerance_seconds=0.1))
-    kept, loose = validate_utterances(utterances_from(manifest), ValidationPolicy(duration_tolerance_seconds=0.2))
+    manifest = write_manifest(
+        tmp_path / "m.jsonl", [{"audio_filepath": str(audio), "text": "a", "duration": 1.15}]
+    )
+    _, strict = validate_utterances(
+        utterances_from(manifest), ValidationPolicy(duration_tolerance_seconds=0.1)
+    )
+    kept, loose = validate_utterances(
+        utterances_from(manifest), ValidationPolicy(duration_tolerance_seconds=0.2)
+    )
     assert dict(strict.counts) == {"duration_mismatch": 1} and not loose.counts and len(kept) == 1
 
 
@@ -104,10 +110,14 @@ def test_long_audio_rule_chunks_a_five_minute_file(tmp_path, asr):
     assert cap == 30.0 and "300.0 s" in reason and "chunked" in reason
     assert long_audio_cap_seconds([1.0, 20.0, 35.0])[0] is None  # 3 x p90 covers it
     audio = write_dummy_audio(tmp_path / "long.wav", duration_seconds=300.0)
-    manifest = write_manifest(tmp_path / "m.jsonl", [{"audio_filepath": str(audio), "text": "a b c " * 50,
-                                                      "duration": 300.0}])
+    manifest = write_manifest(
+        tmp_path / "m.jsonl",
+        [{"audio_filepath": str(audio), "text": "a b c " * 50, "duration": 300.0}],
+    )
     model, vocab = asr
-    data = SpeechDataset(utterances_from(manifest), vocab, model.frontend, max_seconds=cap, long_utterances="chunk")
+    data = SpeechDataset(
+        utterances_from(manifest), vocab, model.frontend, max_seconds=cap, long_utterances="chunk"
+    )
     pieces = [u.duration_seconds for u in data.utterances]
     assert not data.skipped and len(pieces) == 11  # ceil(300 / 29): room to move each cut by 0.5 s
     assert max(pieces) <= 30.0 and min(pieces) > 25.0 and sum(pieces) == pytest.approx(300.0)
@@ -159,8 +169,13 @@ def _hostile_run(tmp_path, with_long_file: bool):
     rows.append({"audio_filepath": "audio/nan.wav", "text": "a lazy dog", "duration": 1.0})
     if with_long_file:
         write_dummy_audio(tmp_path / "audio" / "five_minutes.wav", duration_seconds=300.0)
-        rows.append({"audio_filepath": "audio/five_minutes.wav", "text": "the quick brown fox " * 60,
-                     "duration": 300.0})
+        rows.append(
+            {
+                "audio_filepath": "audio/five_minutes.wav",
+                "text": "the quick brown fox " * 60,
+                "duration": 300.0,
+            }
+        )
     write_manifest(case.manifest, rows)
     return case.manifest
 
@@ -170,8 +185,15 @@ def test_train_end_to_end_with_nan_audio(tmp_path):
     from asrfit.recipes.run import RunConfig, train_asr
 
     manifest = _hostile_run(tmp_path, with_long_file=False)
-    cfg = RunConfig(model="conformer-ctc-tiny", train=str(manifest), out_dir=str(tmp_path / "run"),
-                    target_batch=4, epochs=1, random_init=True, model_overrides=TINY)
+    cfg = RunConfig(
+        model="conformer-ctc-tiny",
+        train=str(manifest),
+        out_dir=str(tmp_path / "run"),
+        target_batch=4,
+        epochs=1,
+        random_init=True,
+        model_overrides=TINY,
+    )
     report = train_asr(cfg)
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
     assert saved["skipped"] == {"replaced_non_finite_audio": 1} and saved["skipped_total"] == 1
@@ -181,10 +203,16 @@ def test_train_end_to_end_with_nan_audio(tmp_path):
     epoch = saved["epochs"][0]
     assert plan["gpu"] == "cpu-only" and epoch["wall_seconds"] > 0
     assert epoch["predicted_seconds"] == pytest.approx(
-        epoch["audio_seconds"] / plan["predicted_throughput_seconds_per_second"])
-    final = torch.load(next((tmp_path / "run" / "stage1" / "checkpoints").glob("*.pt")), weights_only=True)
+        epoch["audio_seconds"] / plan["predicted_throughput_seconds_per_second"]
+    )
+    final = torch.load(
+        next((tmp_path / "run" / "stage1" / "checkpoints").glob("*.pt")), weights_only=True
+    )
     assert all(torch.isfinite(v).all() for v in final["model"].values() if v.is_floating_point())
-    assert "1 of 26 training utterances skipped or replaced" in (tmp_path / "run" / "report.md").read_text()
+    assert (
+        "1 of 26 training utterances skipped or replaced"
+        in (tmp_path / "run" / "report.md").read_text()
+    )
 
 
 def test_five_minute_file_is_chunked_by_the_plans_rule(tmp_path, asr):
@@ -195,12 +223,21 @@ def test_five_minute_file_is_chunked_by_the_plans_rule(tmp_path, asr):
     model, vocab = asr
     utts, _ = validate_utterances(utterances_from(manifest))
     cap, _ = long_audio_cap_seconds([u.duration_seconds for u in utts])
-    data = SpeechDataset(utts, vocab, model.frontend, **model.label_rules(), max_seconds=cap, long_utterances="chunk")
-    cfg = RunConfig(model="conformer-ctc-tiny", train=str(manifest), out_dir=str(tmp_path / "run"), target_batch=4)
+    data = SpeechDataset(
+        utts, vocab, model.frontend, **model.label_rules(), max_seconds=cap, long_utterances="chunk"
+    )
+    cfg = RunConfig(
+        model="conformer-ctc-tiny",
+        train=str(manifest),
+        out_dir=str(tmp_path / "run"),
+        target_batch=4,
+    )
     (tmp_path / "run").mkdir()
     plan, _ = _plan(cfg, model, data, cap)
     assert plan.data.max_seconds == 30.0 and max(b.max_seconds for b in plan.buckets) <= 30.0
-    clean = [json.loads(x) for x in (tmp_path / "run" / "train.clean.jsonl").read_text().splitlines()]
+    clean = [
+        json.loads(x) for x in (tmp_path / "run" / "train.clean.jsonl").read_text().splitlines()
+    ]
     chunks = [r for r in clean if r["audio_filepath"].endswith("five_minutes.wav")]
     assert len(chunks) == 11 and sum(r["duration"] for r in chunks) == pytest.approx(300.0)
     assert [r.get("offset", 0.0) for r in chunks] == sorted(r.get("offset", 0.0) for r in chunks)
@@ -224,11 +261,21 @@ def test_utterances_the_sampler_cannot_batch_are_counted_in_report_json(tmp_path
 
     monkeypatch.setattr(MemoryBudgetSampler, "_assign", longest_over_budget)
     manifest = _hostile_run(tmp_path, with_long_file=False)
-    cfg = RunConfig(model="conformer-ctc-tiny", train=str(manifest), out_dir=str(tmp_path / "run"),
-                    target_batch=4, epochs=1, random_init=True, model_overrides=TINY)
+    cfg = RunConfig(
+        model="conformer-ctc-tiny",
+        train=str(manifest),
+        out_dir=str(tmp_path / "run"),
+        target_batch=4,
+        epochs=1,
+        random_init=True,
+        model_overrides=TINY,
+    )
     train_asr(cfg)
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert saved["skipped"] == {"replaced_non_finite_audio": 1, "not_batched: over the memory budget on its own": 1}
+    assert saved["skipped"] == {
+        "replaced_non_finite_audio": 1,
+        "not_batched: over the memory budget on its own": 1,
+    }
     assert saved["skipped_total"] == 2
 
 
@@ -243,8 +290,15 @@ def test_train_end_to_end_with_a_five_minute_file(tmp_path, caplog, request):
 
     manifest = _hostile_run(tmp_path, with_long_file=True)
     caplog.set_level(logging.INFO)
-    cfg = RunConfig(model="conformer-ctc-tiny", train=str(manifest), out_dir=str(tmp_path / "run"),
-                    target_batch=4, epochs=1, random_init=True, model_overrides=TINY)
+    cfg = RunConfig(
+        model="conformer-ctc-tiny",
+        train=str(manifest),
+        out_dir=str(tmp_path / "run"),
+        target_batch=4,
+        epochs=1,
+        random_init=True,
+        model_overrides=TINY,
+    )
     train_asr(cfg)
     assert "1 utterance(s) up to 300.0 s are above max(30 s" in caplog.text
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
@@ -259,12 +313,25 @@ def test_cli_stops_above_the_skip_threshold_and_names_the_listing(tmp_path):
     from asrfit.cli.main import cli
 
     case = hostile_corpus(tmp_path, "bad_header", num_good=12)
-    result = CliRunner().invoke(cli, ["train", "--model", "conformer-ctc-tiny", "--data", str(case.manifest),
-                                      "--out", str(tmp_path / "run"), "--random-init"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "--model",
+            "conformer-ctc-tiny",
+            "--data",
+            str(case.manifest),
+            "--out",
+            str(tmp_path / "run"),
+            "--random-init",
+        ],
+    )
     assert result.exit_code == 1
     assert "1 of 13 utterances (7.7%)" in result.output and "unreadable_audio: 1" in result.output
     assert "--max-skipped" in result.output
-    (entry,) = [json.loads(x) for x in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()]
+    (entry,) = [
+        json.loads(x) for x in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()
+    ]
     assert entry["reason"] == "unreadable_audio" and f"line {case.hostile_line} " in entry["where"]
 
 
@@ -275,7 +342,11 @@ def test_planner_applies_the_long_audio_rule_to_a_bogus_duration(tmp_path):
     from asrfit.profiles.hardware import HardwareProfile
 
     case = hostile_corpus(tmp_path, "huge_duration", num_good=30)
-    result = make_plan(HardwareProfile.resolve("L4"), DatasetProfile.from_manifest(case.manifest),
-                       "conformer-ctc-tiny", target_effective_batch=8)
+    result = make_plan(
+        HardwareProfile.resolve("L4"),
+        DatasetProfile.from_manifest(case.manifest),
+        "conformer-ctc-tiny",
+        target_effective_batch=8,
+    )
     assert result.data.max_seconds == 30.0 and max(b.max_seconds for b in result.buckets) <= 30.0
     assert result.data.long_utterances == "chunk"

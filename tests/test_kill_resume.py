@@ -37,15 +37,30 @@ from asrfit.train.interrupt import TrainingInterrupted
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # a small Conformer with dropout, so the RNG states matter too
-TINY = {"d_model": 32, "encoder_layers": 1, "encoder_attention_heads": 2, "conv_kernel_size": 7,
-        "dropout": 0.1}
+TINY = {
+    "d_model": 32,
+    "encoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "conv_kernel_size": 7,
+    "dropout": 0.1,
+}
 
 
-def _config(corpus: Path, out: Path, resume: bool = False, save_every: str = "30m", dev: bool = True) -> RunConfig:
-    return RunConfig(model="conformer-ctc-tiny", train=str(corpus / "train.jsonl"),
-                     dev=str(corpus / "dev.jsonl") if dev else None,
-                     out_dir=str(out), target_batch=4, epochs=3, random_init=True, model_overrides=TINY,
-                     resume=resume, save_every=save_every)
+def _config(
+    corpus: Path, out: Path, resume: bool = False, save_every: str = "30m", dev: bool = True
+) -> RunConfig:
+    return RunConfig(
+        model="conformer-ctc-tiny",
+        train=str(corpus / "train.jsonl"),
+        dev=str(corpus / "dev.jsonl") if dev else None,
+        out_dir=str(out),
+        target_batch=4,
+        epochs=3,
+        random_init=True,
+        model_overrides=TINY,
+        resume=resume,
+        save_every=save_every,
+    )
 
 
 FULL_AT_BYTES = 64  # the file-size limit set for a "full_*" fault: every file is larger
@@ -172,7 +187,9 @@ def _child(config: dict, kind: str | None, n: int) -> None:
     os._exit(0)
 
 
-def _run(config: RunConfig, kind: str | None = None, n: int = 0, kill_after_seconds: float | None = None) -> int:
+def _run(
+    config: RunConfig, kind: str | None = None, n: int = 0, kill_after_seconds: float | None = None
+) -> int:
     ctx = multiprocessing.get_context("fork")
     child = ctx.Process(target=_child, args=(config.to_dict(), kind, n))
     child.start()
@@ -187,7 +204,9 @@ def _final(out: Path) -> tuple[dict, dict, dict]:
     """The last checkpoint's weights, the best model's weights and its score."""
     from safetensors.torch import load_file
 
-    last = torch.load(latest_checkpoint(out / "stage1" / "checkpoints"), map_location="cpu", weights_only=True)
+    last = torch.load(
+        latest_checkpoint(out / "stage1" / "checkpoints"), map_location="cpu", weights_only=True
+    )
     best = load_file(out / "best" / "model.safetensors")
     return last["model"], best, json.loads((out / "best" / "scores.json").read_text())
 
@@ -196,7 +215,9 @@ def _final(out: Path) -> tuple[dict, dict, dict]:
 def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("corpus")
     texts = [GOOD_TEXTS[i % len(GOOD_TEXTS)] for i in range(20)]
-    dummy_manifest(folder, [1.0 + 0.05 * i for i in range(16)], texts=texts[:16], name="train.jsonl")
+    dummy_manifest(
+        folder, [1.0 + 0.05 * i for i in range(16)], texts=texts[:16], name="train.jsonl"
+    )
     dummy_manifest(folder / "dev", [1.2, 1.4, 1.6, 1.8], texts=texts[16:], name="../dev.jsonl")
     return folder
 
@@ -216,7 +237,9 @@ def _reference(corpus, out, dev: bool):
 def _epochs(report: dict) -> list:
     """What report.json says of each epoch that a resume must keep: where it ended, its mean
     train loss (all of its steps), its dev scores."""
-    return [(e["stage"], e["epoch"], e["steps"], e["train_loss"], e["dev"]) for e in report["epochs"]]
+    return [
+        (e["stage"], e["epoch"], e["steps"], e["train_loss"], e["dev"]) for e in report["epochs"]
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -232,8 +255,15 @@ def reference_every_epoch(corpus, tmp_path_factory):
     return _reference(corpus, tmp_path_factory.mktemp("reference_every_epoch"), dev=False)
 
 
-def _trial(reference, tmp_path, kind: str | None, n: int = 0, kill_after_seconds: float | None = None,
-           save_every: str = "30m", damage=None) -> list[str]:
+def _trial(
+    reference,
+    tmp_path,
+    kind: str | None,
+    n: int = 0,
+    kill_after_seconds: float | None = None,
+    save_every: str = "30m",
+    damage=None,
+) -> list[str]:
     corpus, _, _, (weights, best, scores), dev, epochs = reference
     out = tmp_path / "run"
     code = _run(_config(corpus, out, save_every=save_every, dev=dev), kind, n, kill_after_seconds)
@@ -271,16 +301,24 @@ def _check_disk_full_stop(out: Path, kind: str) -> None:
     """The run stopped naming the file and the bytes it needs, left no temporary file, and
     every file written before is whole."""
     message = out.with_name("error.txt").read_text()
-    target = {"full_checkpoint": r"checkpoint-\d{8}\.pt", "full_best": r"/best",
-              "full_plan": r"/plan\.json", "full_report": r"/report\.json"}[kind]
+    target = {
+        "full_checkpoint": r"checkpoint-\d{8}\.pt",
+        "full_best": r"/best",
+        "full_plan": r"/plan\.json",
+        "full_report": r"/report\.json",
+    }[kind]
     assert message.startswith("DiskFullError: "), message
-    assert re.search(target + r": not written: .*File too large.* it needs [\d,]+ bytes", message), message
+    assert re.search(
+        target + r": not written: .*File too large.* it needs [\d,]+ bytes", message
+    ), message
     assert "--resume" in message
     assert not list(out.rglob("*.tmp")) and not (out / "best.old").exists()
     for file in out.rglob("checkpoint-*.pt"):
         assert checkpoint_problem(file) is None, file
     if (out / "best").exists():
-        assert (out / "best" / "scores.json").is_file() and (out / "best" / "model.safetensors").is_file()
+        assert (out / "best" / "scores.json").is_file() and (
+            out / "best" / "model.safetensors"
+        ).is_file()
     if kind != "full_plan":
         json.loads((out / "plan.json").read_text())
 
@@ -305,16 +343,26 @@ def test_kill_mid_epoch_resumes_from_a_save_every_checkpoint(reference, tmp_path
     assert before == ["checkpoint-00000002.pt"]
 
 
-SLOW_TRIALS = [("checkpoint", 1), ("checkpoint", 3), ("best_score", 1), ("best_score", 2), ("best_swap", 1),
-               ("best_swap", 2), *[("step", k) for k in random.Random(1414).sample(range(1, 12), 4)],
-               ("time", 0), ("time", 1)]
+SLOW_TRIALS = [
+    ("checkpoint", 1),
+    ("checkpoint", 3),
+    ("best_score", 1),
+    ("best_score", 2),
+    ("best_swap", 1),
+    ("best_swap", 2),
+    *[("step", k) for k in random.Random(1414).sample(range(1, 12), 4)],
+    ("time", 0),
+    ("time", 1),
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "n"), SLOW_TRIALS)
 def test_kill_minus_nine_trials(reference, reference_every_epoch, tmp_path, kind, n, request):
     if "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("12 more kill -9 trials (about 2 min): run pytest -m slow tests/test_kill_resume.py")
+        pytest.skip(
+            "12 more kill -9 trials (about 2 min): run pytest -m slow tests/test_kill_resume.py"
+        )
     if kind == "best_swap" or (kind == "best_score" and n > 1):  # writes that surely happen
         reference = reference_every_epoch
     if kind == "time":  # the parent kills at a random moment (import, planning, a write...)
@@ -347,11 +395,15 @@ def _flip_a_byte_of_the_newest_checkpoint(out: Path) -> None:
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(reference, tmp_path):
     """--save-every 2, killed after step 5, one bit of checkpoint 4 flipped: --resume passes it
     over (its SHA-256 differs) for checkpoint 2 and still reaches the uninterrupted weights."""
-    before = _trial(reference, tmp_path, "step", 5, save_every="2", damage=_flip_a_byte_of_the_newest_checkpoint)
+    before = _trial(
+        reference, tmp_path, "step", 5, save_every="2", damage=_flip_a_byte_of_the_newest_checkpoint
+    )
     assert before == ["checkpoint-00000002.pt", "checkpoint-00000004.pt"]
 
 
-@pytest.mark.parametrize(("kind", "n"), [("full_checkpoint", 2), ("full_plan", 1), ("full_report", 1)])
+@pytest.mark.parametrize(
+    ("kind", "n"), [("full_checkpoint", 2), ("full_plan", 1), ("full_report", 1)]
+)
 def test_a_full_disk_stops_naming_the_file_and_the_next_run_resumes(reference, tmp_path, kind, n):
     _trial(reference, tmp_path, kind, n)
 

@@ -144,7 +144,9 @@ def test_sampler_stopped_mid_epoch_resumes_with_exactly_the_remaining_batches(cu
     for batch in rest:  # each within the byte budget (a single cut over it is yielded alone)
         longest = max(plan.input_length(c.duration) for c in batch)
         labels = max(len(c.supervisions[0].text) for c in batch)
-        assert len(batch) == 1 or plan.predicted_reserved_bytes(len(batch), longest, labels) <= budget
+        assert (
+            len(batch) == 1 or plan.predicted_reserved_bytes(len(batch), longest, labels) <= budget
+        )
     with pytest.raises(ConfigError, match="not LhotseBytesConstraint"):
         sampler_state_dict(DynamicBucketingSampler(cuts, max_duration=40.0))
 

@@ -15,7 +15,9 @@ from lightning.pytorch.strategies import StrategyRegistry  # noqa: E402
 
 from tests.test_exports import example_plan  # noqa: E402
 
-QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+QUIET = dict(
+    logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+)
 
 
 def _export(plan):
@@ -73,11 +75,14 @@ def test_a_real_fit_takes_one_optimizer_step_per_exported_accumulation(tmp_path)
     batch = plan.min_batch_size
     # the export's claim: a fixed batch of min_batch_size x accumulation is the target batch
     assert abs(batch * accumulation - 32) <= batch
-    data = torch.utils.data.TensorDataset(torch.randn(batch * accumulation * 2, 4), torch.randn(batch * accumulation * 2, 1))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(batch * accumulation * 2, 4), torch.randn(batch * accumulation * 2, 1)
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=batch)
     model = _Tiny()
-    trainer = lightning.Trainer(**{**kwargs, "accelerator": "cpu"}, max_epochs=1,
-                                default_root_dir=str(tmp_path), **QUIET)
+    trainer = lightning.Trainer(
+        **{**kwargs, "accelerator": "cpu"}, max_epochs=1, default_root_dir=str(tmp_path), **QUIET
+    )
     trainer.fit(model, loader)
     assert model.batches_seen == 2 * accumulation
     assert trainer.global_step == 2

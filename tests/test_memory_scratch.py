@@ -71,7 +71,10 @@ def test_convolution_rules_apply_only_to_cpu_traces() -> None:
         aten.native_layer_norm.default,
         aten.native_layer_norm_backward.default,
     }
-    assert set(scratch_rules("cpu")) == {aten.convolution.default, aten.convolution_backward.default}
+    assert set(scratch_rules("cpu")) == {
+        aten.convolution.default,
+        aten.convolution_backward.default,
+    }
 
 
 def _tiny_wav2vec2(mask_time_prob: float):

@@ -14,8 +14,9 @@ from asrfit.memory.adapters import BatchShape, hf_adapter
 from asrfit.memory.allocator import EXPANDABLE_PAGES_BOUND_BYTES, predict_cuda
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.plan.effective_batch import accumulation as _accumulation
 from asrfit.plan.plan import Bucket, Plan
-from asrfit.plan.search import PlanError, _accumulation, plan
+from asrfit.plan.search import PlanError, plan
 from asrfit.profiles.dataset import DatasetProfile
 from asrfit.profiles.hardware import HardwareProfile
 from asrfit.testing import write_manifest
@@ -249,7 +250,9 @@ def test_plan_in_words(monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile)
     # every setup tried and not fitting, or fitting but slower, is named with its reason
     rejected = [s for h, s in rows if h == "Rejected"]
     assert all("fits, but slower or no faster" in s or "GiB usable" in s for s in rejected)
-    assert len(rejected) == min(4, len(p.rejected)) + (len(p.rejected) > 4) + min(3, len(p.alternatives))
+    assert len(rejected) == min(4, len(p.rejected)) + (len(p.rejected) > 4) + min(
+        3, len(p.alternatives)
+    )
     assert "fit residual" not in p.rests_on[0] and "MiB above any" in p.rests_on[0]
 
 

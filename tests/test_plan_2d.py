@@ -142,7 +142,10 @@ def test_sampler_batches_by_both_dimensions_and_keeps_every_utterance_once() -> 
         seen += batch
         assert len(batch) <= max(plan.buckets[k].batch_size for k in set(want[batch]))
         t = plan.input_length(max(seconds[batch]))
-        assert plan.predicted_reserved_bytes(len(batch), t, int(max(labels[batch]))) <= plan.usable_bytes
+        assert (
+            plan.predicted_reserved_bytes(len(batch), t, int(max(labels[batch])))
+            <= plan.usable_bytes
+        )
     assert sorted(seen) == list(range(400))
     # no carrying between buckets here: each batch is one bucket's, by duration and labels
     sampler = MemoryBudgetSampler(seconds, plan, label_lengths=labels, seed=3, num_replicas=1)
@@ -162,7 +165,9 @@ def test_nemo_and_lhotse_exports_carry_the_pairs(tmp_path) -> None:
     assert lhotse_kwargs["duration_bins"] == nemo["bucket_duration_bins"]
 
 
-def test_lhotse_sampler_with_the_bytes_constraint_buckets_by_duration_and_transcript(tmp_path) -> None:
+def test_lhotse_sampler_with_the_bytes_constraint_buckets_by_duration_and_transcript(
+    tmp_path,
+) -> None:
     pytest.importorskip("lhotse")
     from lhotse.dataset import DynamicBucketingSampler
 
@@ -214,7 +219,9 @@ def test_planner_splits_a_transducer_by_labels_and_each_limit_holds_in_a_fresh_s
     seconds = rng.uniform(1.0, 4.0, 200)
     rows = [
         {"audio_filepath": f"a{i}.wav", "duration": float(d), "text": "a" * int(d * c)}
-        for i, (d, c) in enumerate(zip(seconds, np.clip(rng.normal(15, 3, 200), 6, 26), strict=True))
+        for i, (d, c) in enumerate(
+            zip(seconds, np.clip(rng.normal(15, 3, 200), 6, 26), strict=True)
+        )
     ]
     dataset = DatasetProfile.from_manifest(write_manifest(tmp_path / "m.jsonl", rows))
     usable = 300 * 2**20
@@ -260,7 +267,9 @@ def test_label_ranges_may_pick_a_setup_slower_with_duration_buckets(monkeypatch)
             costs=SimpleNamespace(setup=setup), buckets=[], throughput=throughput, epoch_seconds=1.0
         )
 
-    outcome: dict[bool, tuple[str, float]] = {}  # per setup (checkpointing): (dims, rate per device)
+    outcome: dict[
+        bool, tuple[str, float]
+    ] = {}  # per setup (checkpointing): (dims, rate per device)
     asked: list[bool] = []
 
     def fake(costs, one_d, *args):  # noqa: ANN001, ANN002, ANN202

@@ -125,8 +125,21 @@ def test_cli_plan_nodes_times_gpus_per_node_is_the_world_size(tmp_path):
     manifest.write_text(json.dumps({"audio_filepath": "a.wav", "duration": 1.0, "text": "a"}))
     result = CliRunner().invoke(
         cli,
-        ["plan", "--model", "wav2vec2-base", "--data", str(manifest), "--gpu", "H100-80GB",
-         "--nodes", "2", "--gpus-per-node", "4", "--world-size", "4"],
+        [
+            "plan",
+            "--model",
+            "wav2vec2-base",
+            "--data",
+            str(manifest),
+            "--gpu",
+            "H100-80GB",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--world-size",
+            "4",
+        ],
     )
     assert result.exit_code != 0 and "disagrees" in result.output
 
@@ -160,13 +173,22 @@ def test_a_resized_output_layer_or_skipped_utterances_keep_the_plan(monkeypatch,
     resized = _tiny_config()
     resized.vocab_size = 20  # of 30
     durations = sorted(dataset.duration_sample_seconds)
-    fewer = DatasetProfile.from_dict({
-        **dataset.to_dict(), "num_utterances": dataset.num_utterances - 1,
-        "total_seconds": dataset.total_seconds - durations[0],
-    })
+    fewer = DatasetProfile.from_dict(
+        {
+            **dataset.to_dict(),
+            "num_utterances": dataset.num_utterances - 1,
+            "total_seconds": dataset.total_seconds - durations[0],
+        }
+    )
     current = fingerprints(hardware, fewer, ModelProfile.from_spec(resized))
     assert current["model"] != saved["model"] and current["data"] != saved["data"]
     assert check_fingerprints(saved, current, where="p.json") == []
-    longer = DatasetProfile.from_dict({**fewer.to_dict(), "duration_max_seconds": dataset.duration_max_seconds + 1})
-    with pytest.raises(ConfigError, match="data: plan made for"):  # a longer utterance: limits may not fit
-        check_fingerprints(saved, fingerprints(hardware, longer, ModelProfile.from_spec(resized)), where="p.json")
+    longer = DatasetProfile.from_dict(
+        {**fewer.to_dict(), "duration_max_seconds": dataset.duration_max_seconds + 1}
+    )
+    with pytest.raises(
+        ConfigError, match="data: plan made for"
+    ):  # a longer utterance: limits may not fit
+        check_fingerprints(
+            saved, fingerprints(hardware, longer, ModelProfile.from_spec(resized)), where="p.json"
+        )

@@ -26,15 +26,41 @@ WORKER = ROOT / "tests" / "_preempt_worker.py"
 
 
 def _torchrun(out: Path, mode: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT / 'tests'}",
-               OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", ACCELERATE_USE_CPU="yes")
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT / 'tests'}",
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        ACCELERATE_USE_CPU="yes",
+    )
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", "0", "--rdzv_backend", "c10d",
-               "--rdzv_endpoint", "127.0.0.1:0", str(WORKER), str(out), mode]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        "0",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "127.0.0.1:0",
+        str(WORKER),
+        str(out),
+        mode,
+    ]
     # a session of its own, so that a timeout ends torchrun's workers too
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as process:
+    with subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
         try:
             stdout, stderr = process.communicate(timeout=120)
         except subprocess.TimeoutExpired:
@@ -61,7 +87,9 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path
     assert [r["status"] for r in ranks] == [128 + signal.SIGTERM] * 2
     assert ranks[0]["checkpoint"] is not None and ranks[1]["checkpoint"] is None  # written once
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
-        "checkpoint-00000002.pt", "checkpoint-00000002.pt.sha256"]
+        "checkpoint-00000002.pt",
+        "checkpoint-00000002.pt.sha256",
+    ]
     assert not (run / "final.pt").exists()
 
     _refused_on_one_process(run)
@@ -82,7 +110,9 @@ def test_a_full_disk_on_the_main_process_stops_every_process(tmp_path):
     assert result.returncode != 0
     errors = [json.loads((run / f"error-rank{r}.json").read_text()) for r in range(2)]
     assert errors[0]["type"] == "DiskFullError"
-    assert re.search(r"checkpoint-00000002\.pt: not written: .* it needs [\d,]+ bytes", errors[0]["message"])
+    assert re.search(
+        r"checkpoint-00000002\.pt: not written: .* it needs [\d,]+ bytes", errors[0]["message"]
+    )
     assert errors[1]["type"] == "CheckpointWriteError"
     assert "step 2" in errors[1]["message"] and errors[0]["message"] in errors[1]["message"]
     assert not list((run / "checkpoints").iterdir())  # no temporary file, no half checkpoint

@@ -248,9 +248,7 @@ def test_gpu_rates_come_from_the_catalog() -> None:
     assert rates.matmul_rate("fp32") == pytest.approx(
         spec.fp32_tflops * 1e12 * GPU_MATMUL_EFFICIENCY
     )
-    assert rates.conv_rate("fp32") == pytest.approx(
-        spec.tf32_tflops * 1e12 * GPU_MATMUL_EFFICIENCY
-    )
+    assert rates.conv_rate("fp32") == pytest.approx(spec.tf32_tflops * 1e12 * GPU_MATMUL_EFFICIENCY)
 
 
 def test_device_rates_reject_bad_figures() -> None:

@@ -101,7 +101,10 @@ def test_predicted_reserved_bytes_follow_the_documented_formula(expandable, arch
     allowance = 1.02 if expandable else 1.08
     for n, steps in [(1, 16000), (7, 48000), (18, 160000), (33, 3)]:
         exact = (1e9 + 1000 * n * steps + pages + workspace) * allowance
-        assert plan.predicted_reserved_bytes(n, steps, 10) == math.ceil(int(exact) / (2 * mib)) * 2 * mib
+        assert (
+            plan.predicted_reserved_bytes(n, steps, 10)
+            == math.ceil(int(exact) / (2 * mib)) * 2 * mib
+        )
 
 
 def test_bytes_constraint_counts_the_longest_seen_and_the_count_limit():

@@ -196,7 +196,9 @@ def test_training_arguments_build_for_real(tmp_path):
     grouped = grouped or getattr(args, "train_sampling_strategy", None) == "group_by_length"
     assert grouped and args.length_column_name == "input_length"
     # without a column of lengths the Trainer cannot group audio (it looks for input_ids)
-    plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **config.to_training_arguments())
+    plain = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, **config.to_training_arguments()
+    )
     assert getattr(plain, "group_by_length", False) is not True
     assert getattr(plain, "train_sampling_strategy", "random") != "group_by_length"
 
@@ -247,9 +249,9 @@ def test_from_plan_fp32_config_builds_training_arguments(tmp_path):
     assert args.per_device_train_batch_size == 5
     # a fixed batch of 5 keeps the 32-utterance target with round(32 / 5) = 6 micro-batches
     assert args.gradient_accumulation_steps == 6
-    assert config.to_training_arguments(memory_budget_sampler=True)[
-        "gradient_accumulation_steps"
-    ] == 2  # the plan's own, for its bucketed batches
+    assert (
+        config.to_training_arguments(memory_budget_sampler=True)["gradient_accumulation_steps"] == 2
+    )  # the plan's own, for its bucketed batches
     assert args.learning_rate == 5e-5
     with pytest.raises(ConfigError, match="lerning_rate"):
         TrainingConfig.from_plan(hand_plan(), lerning_rate=1e-3)
@@ -426,7 +428,9 @@ def test_create_optimal_config_finds_a_common_voice_sentence_column(tmp_path, mo
     # point used to insist on "text" and refused the Common Voice layout
     monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path / "cache"))
     texts = ["hello there", "a longer sentence to read", "yes", "four words in all"]
-    ds = dummies.dummy_hf_dataset(tmp_path / "cv", DURATIONS_SECONDS, texts=texts, text_column="sentence")
+    ds = dummies.dummy_hf_dataset(
+        tmp_path / "cv", DURATIONS_SECONDS, texts=texts, text_column="sentence"
+    )
     _, manager = create_optimal_config(ds, "conformer-ctc-tiny", gpu="T4", target_batch_size=8)
     assert manager.dataset.num_utterances == 4
     assert manager.dataset.text_chars_mean == pytest.approx(sum(map(len, texts)) / 4)

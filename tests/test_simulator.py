@@ -258,7 +258,7 @@ def test_device_queries_answered_in_the_outermost_mode_trace_the_same_step(
         results.setdefault(shortcut, []).append(
             (simulate_step(hf_adapter(cfg), shape, setup, target="cuda"), sum(seen), len(seen))
         )
-    (full, asked_full, ops_full), = results[False]
+    ((full, asked_full, ops_full),) = results[False]
     (short, asked_short, ops_short), (again, _, _) = results[True]
     assert asked_full > ops_full / 3  # device queries are a large share of the ops...
     assert asked_short < asked_full / 10  # ... and few reach the tracker now

@@ -19,9 +19,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _trainer(model, loss_fn, accumulation=1, **kwargs):
-    config = TrainingConfig(gradient_accumulation_steps=accumulation, warmup_steps=0, learning_rate=0.05)
-    return MemoryEfficientTrainer(model, config, loss_fn=loss_fn, units_fn=frame_units, progress=False,
-                                  preflight=False, **kwargs)
+    config = TrainingConfig(
+        gradient_accumulation_steps=accumulation, warmup_steps=0, learning_rate=0.05
+    )
+    return MemoryEfficientTrainer(
+        model,
+        config,
+        loss_fn=loss_fn,
+        units_fn=frame_units,
+        progress=False,
+        preflight=False,
+        **kwargs,
+    )
 
 
 class PoisonLoss:
@@ -67,7 +76,9 @@ def test_nan_step_is_skipped_counted_and_leaves_weights_finite():
 
 def test_repeated_nan_steps_stop_with_the_cause_and_the_utterances():
     data = make_dataset(8)
-    trainer = _trainer(FrameModel(), PoisonLoss({float(d["x"][0, 0]) for d in data}), max_nonfinite_steps=3)
+    trainer = _trainer(
+        FrameModel(), PoisonLoss({float(d["x"][0, 0]) for d in data}), max_nonfinite_steps=3
+    )
     with pytest.raises(NonFiniteLossError) as info:
         trainer.train([[0, 1], [2, 3], [4, 5], [6, 7]], dataset=data, max_steps=4)
     message = str(info.value)
@@ -104,8 +115,13 @@ def test_guard_streak_resets_on_a_good_step():
 
 def test_presplit_keeps_utterances_and_order():
     limits = MicroBatchLimits({0: 2})
-    pieces = presplit([[1, 2, 3, 4, 5], [6, 7, 8]], limits, bucket_of=lambda p: 0 if len(p) == 5 else 1,
-                      size_of=len, split=lambda p, s: (p[: s[0]], p[s[0]:]))
+    pieces = presplit(
+        [[1, 2, 3, 4, 5], [6, 7, 8]],
+        limits,
+        bucket_of=lambda p: 0 if len(p) == 5 else 1,
+        size_of=len,
+        split=lambda p, s: (p[: s[0]], p[s[0] :]),
+    )
     assert pieces == [[1, 2], [3, 4], [5], [6, 7, 8]]
 
 
@@ -119,9 +135,16 @@ def test_after_an_oom_lowering_each_step_keeps_its_utterances(tmp_path):
         torch.manual_seed(0)
         sampler = ListSampler([list(b) for b in batches], buckets=[0, 1, 0, 1], durations=durations)
         trainer = MemoryEfficientTrainer(
-            FrameModel(), TrainingConfig(gradient_accumulation_steps=2, warmup_steps=0, learning_rate=0.05),
-            plan=make_plan(), loss_fn=loss_fn, units_fn=frame_units, out_dir=tmp_path / str(id(loss_fn)),
-            progress=False, preflight=False, oom_limit=2)
+            FrameModel(),
+            TrainingConfig(gradient_accumulation_steps=2, warmup_steps=0, learning_rate=0.05),
+            plan=make_plan(),
+            loss_fn=loss_fn,
+            units_fn=frame_units,
+            out_dir=tmp_path / str(id(loss_fn)),
+            progress=False,
+            preflight=False,
+            oom_limit=2,
+        )
         trainer.train(sampler, dataset=data, max_steps=2)
         return trainer
 

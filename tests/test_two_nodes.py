@@ -68,11 +68,27 @@ def test_two_torchrun_nodes_from_the_exported_accelerate_config(exported) -> Non
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run",
-             "--nnodes", str(config.num_machines), "--nproc-per-node", str(per_node),
-             "--node-rank", str(rank), "--rdzv-backend", config.rdzv_backend,
-             "--master-addr", "127.0.0.1", "--master-port", port,
-             str(WORKER), str(out), str(batch), str(accumulation)],  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(config.num_machines),
+                "--nproc-per-node",
+                str(per_node),
+                "--node-rank",
+                str(rank),
+                "--rdzv-backend",
+                config.rdzv_backend,
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                str(WORKER),
+                str(out),
+                str(batch),
+                str(accumulation),
+            ],  # fmt: skip
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

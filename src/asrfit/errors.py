@@ -55,11 +55,14 @@ class DiskFullError(AsrfitError, OSError):
         reason: The system's words (``"No space left on device"``, ``"File too large"``).
     """
 
-    def __init__(self, path: str, needed_bytes: int | None, written_bytes: int, reason: str) -> None:
+    def __init__(
+        self, path: str, needed_bytes: int | None, written_bytes: int, reason: str
+    ) -> None:
         self.path, self.needed_bytes, self.written_bytes = path, needed_bytes, written_bytes
         self.reason = reason
         need = (
-            f"it needs {needed_bytes:,} bytes" if needed_bytes is not None
+            f"it needs {needed_bytes:,} bytes"
+            if needed_bytes is not None
             else f"it needs more than the {written_bytes:,} bytes written"
         )
         super().__init__(

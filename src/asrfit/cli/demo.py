@@ -10,21 +10,45 @@ from asrfit.cli.render import console, print_json, rows_table
 
 @click.command("demo-data")
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--num-train", type=POSITIVE_INT, default=None, help="[default: 600; 3000 with --speech]")
+@click.option(
+    "--num-train", type=POSITIVE_INT, default=None, help="[default: 600; 3000 with --speech]"
+)
 @click.option("--num-dev", type=POSITIVE_INT, default=None, help="[default: 60; 200 with --speech]")
-@click.option("--num-test", type=POSITIVE_INT, default=None, help="[default: 60; 200 with --speech]")
-@click.option("--num-family", type=POSITIVE_INT, default=200, show_default=True,
-              help="With --speech: utterances of the held-out voice family.")
+@click.option(
+    "--num-test", type=POSITIVE_INT, default=None, help="[default: 60; 200 with --speech]"
+)
+@click.option(
+    "--num-family",
+    type=POSITIVE_INT,
+    default=200,
+    show_default=True,
+    help="With --speech: utterances of the held-out voice family.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--espeak", is_flag=True, help="Render real synthetic speech with the espeak-ng program.")
-@click.option("--speech", is_flag=True,
-              help="Sentences spoken by many espeak-ng voices (pip install 'asrfit[speech]'), with rooms "
-                   "and noise; dev/test use unseen voices and sentences, 'family' a held-out voice family.")
-@click.option("--workers", type=POSITIVE_INT, default=1, show_default=True,
-              help="With --speech: rendering processes.")
-@click.option("--lm-sentences", type=click.IntRange(min=0), default=500_000, show_default=True,
-              help="With --speech: text-only sentences (none in dev/test) written with the training "
-                   "transcripts to lm_text.txt, for an n-gram language model.")
+@click.option(
+    "--espeak", is_flag=True, help="Render real synthetic speech with the espeak-ng program."
+)
+@click.option(
+    "--speech",
+    is_flag=True,
+    help="Sentences spoken by many espeak-ng voices (pip install 'asrfit[speech]'), with rooms "
+    "and noise; dev/test use unseen voices and sentences, 'family' a held-out voice family.",
+)
+@click.option(
+    "--workers",
+    type=POSITIVE_INT,
+    default=1,
+    show_default=True,
+    help="With --speech: rendering processes.",
+)
+@click.option(
+    "--lm-sentences",
+    type=click.IntRange(min=0),
+    default=500_000,
+    show_default=True,
+    help="With --speech: text-only sentences (none in dev/test) written with the training "
+    "transcripts to lm_text.txt, for an n-gram language model.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing corpus in OUT_DIR.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(
@@ -45,10 +69,17 @@ def command(
     if speech:
         from asrfit.recipes.speech.corpus import write_speech_corpus
 
-        corpus = write_speech_corpus(out_dir, num_train=num_train or 3000, num_dev=num_dev or 200,
-                                     num_test=num_test or 200, num_family=num_family, seed=seed,
-                                     workers=workers, overwrite=overwrite,
-                                     lm_sentences=lm_sentences)
+        corpus = write_speech_corpus(
+            out_dir,
+            num_train=num_train or 3000,
+            num_dev=num_dev or 200,
+            num_test=num_test or 200,
+            num_family=num_family,
+            seed=seed,
+            workers=workers,
+            overwrite=overwrite,
+            lm_sentences=lm_sentences,
+        )
     else:
         from asrfit.recipes.demo import write_demo_corpus
 

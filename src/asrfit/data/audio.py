@@ -22,7 +22,9 @@ def to_mono(audio: np.ndarray) -> np.ndarray:
     if audio.ndim == 1:
         return audio
     if audio.ndim != 2:
-        raise AudioError(f"audio with shape {audio.shape}: expected [samples] or [samples, channels].")
+        raise AudioError(
+            f"audio with shape {audio.shape}: expected [samples] or [samples, channels]."
+        )
     return audio.mean(axis=1, dtype=np.float32)
 
 
@@ -34,7 +36,9 @@ def resample(audio: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
     """
     for name, rate in (("from_hz", from_hz), ("to_hz", to_hz)):
         if int(rate) != rate or rate <= 0:
-            raise AudioError(f"{name}={rate!r}: sampling rates must be positive whole numbers of Hz.")
+            raise AudioError(
+                f"{name}={rate!r}: sampling rates must be positive whole numbers of Hz."
+            )
     from_hz, to_hz = int(from_hz), int(to_hz)
     if from_hz == to_hz:
         return np.asarray(audio, dtype=np.float32)
@@ -42,8 +46,13 @@ def resample(audio: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
     return resample_poly(audio, to_hz // g, from_hz // g).astype(np.float32)
 
 
-def load_audio(path: str | Path, sample_rate: int, *, offset_seconds: float = 0.0,
-               duration_seconds: float | None = None) -> np.ndarray:
+def load_audio(
+    path: str | Path,
+    sample_rate: int,
+    *,
+    offset_seconds: float = 0.0,
+    duration_seconds: float | None = None,
+) -> np.ndarray:
     """Decode an audio file (or a span of it) to mono float32 at ``sample_rate``.
 
     Args:
@@ -65,7 +74,9 @@ def load_audio(path: str | Path, sample_rate: int, *, offset_seconds: float = 0.
                 f.seek(start)
             data = f.read(frames=frames, dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, OSError) as err:
-        raise AudioError(f"{p}: cannot decode audio ({err}); re-encode it or drop it from the manifest.") from err
+        raise AudioError(
+            f"{p}: cannot decode audio ({err}); re-encode it or drop it from the manifest."
+        ) from err
     if data.size == 0:
         raise AudioError(f"{p}: the audio is empty; drop it from the manifest.")
     return resample(to_mono(data), native, sample_rate)
@@ -125,7 +136,9 @@ def split_transcript(text: str, spans: list[tuple[int, int]]) -> list[str]:
     position = 0
     for word in words:
         middle = (position + len(word) / 2) / max(chars, 1) * total
-        index = next((i for i, (_, e) in enumerate(spans) if middle < e - spans[0][0]), len(spans) - 1)
+        index = next(
+            (i for i, (_, e) in enumerate(spans) if middle < e - spans[0][0]), len(spans) - 1
+        )
         out[index].append(word)
         position += len(word) + 1
     return [" ".join(ws) for ws in out]
@@ -148,10 +161,17 @@ class SpecAugment(JsonDataclass):
     time_width_ratio: float = 0.05
 
     def __post_init__(self) -> None:
-        if min(self.freq_masks, self.freq_width, self.time_masks) < 0 or not 0 <= self.time_width_ratio < 1:
-            raise ConfigError(f"{self}: mask counts and widths must be >= 0, time_width_ratio in [0, 1).")
+        if (
+            min(self.freq_masks, self.freq_width, self.time_masks) < 0
+            or not 0 <= self.time_width_ratio < 1
+        ):
+            raise ConfigError(
+                f"{self}: mask counts and widths must be >= 0, time_width_ratio in [0, 1)."
+            )
 
-    def __call__(self, features: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def __call__(
+        self, features: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Return masked features (a copy); masked values are set to the utterance's mean."""
         out = features.clone()
         frames, bins = out.shape

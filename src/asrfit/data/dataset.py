@@ -89,13 +89,16 @@ class Utterance:
         """
         if isinstance(self.source, (str, Path)):
             span = self.duration_seconds if self.offset_seconds else None
-            return load_audio(self.source, sample_rate, offset_seconds=self.offset_seconds,
-                              duration_seconds=span)
+            return load_audio(
+                self.source, sample_rate, offset_seconds=self.offset_seconds, duration_seconds=span
+            )
         if isinstance(self.source, (bytes, bytearray)):
             try:
                 data, rate = sf.read(io.BytesIO(self.source), dtype="float32", always_2d=True)
             except (sf.LibsndfileError, RuntimeError) as err:
-                raise AudioError(f"{self.where}: cannot decode the embedded audio ({err}).") from err
+                raise AudioError(
+                    f"{self.where}: cannot decode the embedded audio ({err})."
+                ) from err
             return resample(to_mono(data), rate, sample_rate)
         try:  # a lhotse cut
             data = np.asarray(self.source.load_audio(), dtype=np.float32)
@@ -137,13 +140,23 @@ def utterances_from(
                     duration = read_audio_header(entry.audio_filepath).duration_seconds
                 except AudioError:
                     duration = math.nan  # unreadable: skipped, counted, by the dataset
-            out.append(Utterance(entry.audio_filepath, entry.text, duration,
-                                 where=f"{path} line {entry.line_number} ({entry.audio_filepath.name})"))
+            out.append(
+                Utterance(
+                    entry.audio_filepath,
+                    entry.text,
+                    duration,
+                    where=f"{path} line {entry.line_number} ({entry.audio_filepath.name})",
+                )
+            )
         return out
     if type(source).__name__ in ("CutSet", "LazyCutSet") or hasattr(source, "subset"):
         return [
-            Utterance(cut, " ".join(s.text for s in cut.supervisions if s.text), float(cut.duration),
-                      where=f"cut {cut.id}")
+            Utterance(
+                cut,
+                " ".join(s.text for s in cut.supervisions if s.text),
+                float(cut.duration),
+                where=f"cut {cut.id}",
+            )
             for cut in source
         ]
     if hasattr(source, "column_names"):
@@ -160,7 +173,9 @@ def _hf_utterances(ds: Any, audio_column: str, text_column: str | None) -> list[
     from asrfit.profiles.dataset_stats import text_column_of
 
     if audio_column not in ds.column_names:
-        raise ManifestError(f"dataset columns {ds.column_names} have no {audio_column!r}; pass its name.")
+        raise ManifestError(
+            f"dataset columns {ds.column_names} have no {audio_column!r}; pass its name."
+        )
     text_column = text_column_of(ds.column_names, text_column, "datasets.Dataset")
     if isinstance(ds.features.get(audio_column), datasets.Audio):
         ds = ds.cast_column(audio_column, datasets.Audio(decode=False))
@@ -170,7 +185,9 @@ def _hf_utterances(ds: Any, audio_column: str, text_column: str | None) -> list[
         where = f"dataset row {i}"
         source = (audio.get("bytes") or audio.get("path")) if isinstance(audio, dict) else audio
         if source is None:
-            raise ManifestError(f"{where}: the {audio_column!r} value has neither bytes nor a path.")
+            raise ManifestError(
+                f"{where}: the {audio_column!r} value has neither bytes nor a path."
+            )
         try:
             info = sf.info(io.BytesIO(source) if isinstance(source, bytes) else str(source))
             duration = float(info.duration)
@@ -240,9 +257,15 @@ class SpeechDataset(torch.utils.data.Dataset):
             for piece in self._pieces(utt, max_seconds, long_utterances):
                 self._admit(piece, output_frames, keep_unknown)
         for reason, count in self.skipped.items():
-            logger.warning("skipped %d utterances: %s (see the log above for each)", count, SKIP_REASONS[reason])
+            logger.warning(
+                "skipped %d utterances: %s (see the log above for each)",
+                count,
+                SKIP_REASONS[reason],
+            )
         if not self.utterances:
-            raise ConfigError(f"no usable utterances remain (skipped: {dict(self.skipped)}); check the data.")
+            raise ConfigError(
+                f"no usable utterances remain (skipped: {dict(self.skipped)}); check the data."
+            )
         order = np.argsort([u.duration_seconds for u in self.utterances], kind="stable")
         self._by_duration = order
         self._bad: set[int] = set()
@@ -250,7 +273,9 @@ class SpeechDataset(torch.utils.data.Dataset):
     def _skip(self, reason: str, utt: Utterance, detail: str = "") -> None:
         self.skipped[reason] += 1
         self.skip_entries.append({"where": utt.where, "reason": reason, "detail": detail})
-        logger.info("skip %s: %s%s", utt.where, SKIP_REASONS[reason], f" ({detail})" if detail else "")
+        logger.info(
+            "skip %s: %s%s", utt.where, SKIP_REASONS[reason], f" ({detail})" if detail else ""
+        )
 
     def _pieces(self, utt: Utterance, max_seconds: float | None, mode: str) -> list[Utterance]:
         if not math.isfinite(utt.duration_seconds) or utt.duration_seconds <= 0:
@@ -270,12 +295,19 @@ class SpeechDataset(torch.utils.data.Dataset):
         spans = chunk_bounds(audio, rate, max_seconds)
         texts = split_transcript(utt.text, spans)
         return [
-            Utterance(utt.source, text, (e - s) / rate, utt.offset_seconds + s / rate,
-                      where=f"{utt.where} chunk {k + 1}/{len(spans)}")
+            Utterance(
+                utt.source,
+                text,
+                (e - s) / rate,
+                utt.offset_seconds + s / rate,
+                where=f"{utt.where} chunk {k + 1}/{len(spans)}",
+            )
             for k, ((s, e), text) in enumerate(zip(spans, texts, strict=True))
         ]
 
-    def _admit(self, utt: Utterance, output_frames: Callable[[int], int] | None, keep_unknown: bool) -> None:
+    def _admit(
+        self, utt: Utterance, output_frames: Callable[[int], int] | None, keep_unknown: bool
+    ) -> None:
         ids, unknown = self.vocab.encode(utt.text)
         if not ids:
             self._skip("empty_transcript", utt)
@@ -285,13 +317,19 @@ class SpeechDataset(torch.utils.data.Dataset):
             return
         if output_frames is not None:
             repeats = sum(a == b for a, b in zip(ids, ids[1:], strict=False))
-            frames = output_frames(math.ceil(utt.duration_seconds * self.frontend.frames_per_second))
+            frames = output_frames(
+                math.ceil(utt.duration_seconds * self.frontend.frames_per_second)
+            )
             if len(ids) + repeats > frames:
-                self._skip("too_long_for_ctc", utt, f"{len(ids) + repeats} labels > {frames} frames")
+                self._skip(
+                    "too_long_for_ctc", utt, f"{len(ids) + repeats} labels > {frames} frames"
+                )
                 return
         labels = [*self.label_prefix, *ids, *self.label_suffix]
         if self.max_labels is not None and len(labels) > self.max_labels:
-            self._skip("too_long_for_decoder", utt, f"{len(labels)} labels > {self.max_labels} positions")
+            self._skip(
+                "too_long_for_decoder", utt, f"{len(labels)} labels > {self.max_labels} positions"
+            )
             return
         self.utterances.append(utt)
         self.labels.append(labels)
@@ -335,12 +373,17 @@ class SpeechDataset(torch.utils.data.Dataset):
 
     def skip_summary(self) -> dict[str, int]:
         """Skipped and replaced utterances by reason."""
-        return {**dict(self.skipped), **{f"replaced_{k}": v for k, v in self.replacements().items()}}
+        return {
+            **dict(self.skipped),
+            **{f"replaced_{k}": v for k, v in self.replacements().items()},
+        }
 
     def _record_replacement(self, reason: str, index: int, message: str) -> None:
         self.replaced[reason] += 1
         if self.event_log is not None:  # one short O_APPEND write: whole lines from any process
-            line = json.dumps({"reason": reason, "where": self.utterances[index].where, "detail": message})
+            line = json.dumps(
+                {"reason": reason, "where": self.utterances[index].where, "detail": message}
+            )
             fd = os.open(self.event_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, (line + "\n").encode("utf-8"))
@@ -354,12 +397,19 @@ class SpeechDataset(torch.utils.data.Dataset):
         audio = utt.load(self.frontend.sample_rate)
         if not np.isfinite(audio).all():
             bad = int((~np.isfinite(audio)).sum())
-            raise NonFiniteAudioError(f"{utt.where}: {bad} audio samples are NaN or infinite; "
-                                      "fix or drop the file")
+            raise NonFiniteAudioError(
+                f"{utt.where}: {bad} audio samples are NaN or infinite; fix or drop the file"
+            )
         inputs = self.frontend(audio)
         for key, value in inputs.items():
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-                raise NonFiniteAudioError(f"{utt.where}: the model inputs ({key}) hold NaN or infinity")
+            if (
+                isinstance(value, torch.Tensor)
+                and value.is_floating_point()
+                and not torch.isfinite(value).all()
+            ):
+                raise NonFiniteAudioError(
+                    f"{utt.where}: the model inputs ({key}) hold NaN or infinity"
+                )
         if self._cache is not None:
             self._cache[index] = inputs
         return inputs
@@ -381,10 +431,16 @@ class SpeechDataset(torch.utils.data.Dataset):
                 break
             except AudioError as err:
                 self._bad.add(index)
-                reason = "non_finite_audio" if isinstance(err, NonFiniteAudioError) else "unreadable_audio"
+                reason = (
+                    "non_finite_audio"
+                    if isinstance(err, NonFiniteAudioError)
+                    else "unreadable_audio"
+                )
                 self._record_replacement(reason, index, str(err))
                 substitute = self._substitute(index)
-                logger.warning("%s; replaced in this batch by %s", err, self.utterances[substitute].where)
+                logger.warning(
+                    "%s; replaced in this batch by %s", err, self.utterances[substitute].where
+                )
                 index = substitute
         sample = dict(inputs)
         if self.spec_augment is not None and sample.get("input_features") is not None:
@@ -396,11 +452,12 @@ class SpeechDataset(torch.utils.data.Dataset):
         return sample
 
 
-
 class NonFiniteAudioError(AudioError):
     """Decoded audio, or the features made from it, hold NaN or infinite values."""
 
 
 def _mask_seed(seed: int, epoch: int, index: int) -> int:
     """A 63-bit seed for one utterance's SpecAugment masks in one epoch."""
-    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+    return int(
+        np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint64)[0] >> np.uint64(1)
+    )

@@ -33,12 +33,23 @@ class Frontend:
             the encoder's ``2 * max_source_positions``; None for the other families.
     """
 
-    def __init__(self, family: str, extractor: Any, *, use_attention_mask: bool = True,
-                 window_frames: int | None = None) -> None:
+    def __init__(
+        self,
+        family: str,
+        extractor: Any,
+        *,
+        use_attention_mask: bool = True,
+        window_frames: int | None = None,
+    ) -> None:
         self.family, self.extractor = family, extractor
-        self.sample_rate = int(getattr(extractor, "sampling_rate", None) or getattr(extractor, "sample_rate", SAMPLE_RATE_HZ))
+        self.sample_rate = int(
+            getattr(extractor, "sampling_rate", None)
+            or getattr(extractor, "sample_rate", SAMPLE_RATE_HZ)
+        )
         self.use_attention_mask = use_attention_mask
-        self.input_key = "input_values" if family in ("wav2vec2", "hubert", "wavlm") else "input_features"
+        self.input_key = (
+            "input_values" if family in ("wav2vec2", "hubert", "wavlm") else "input_features"
+        )
         self.window_frames = window_frames
         if window_frames is not None:
             _fit_window(extractor, window_frames)
@@ -61,26 +72,41 @@ class Frontend:
         """The sample's input tensors (without labels)."""
         if isinstance(self.extractor, LogMel):
             feats = self.extractor(audio)
-            return {"input_features": feats, "attention_mask": torch.ones(len(feats), dtype=torch.long)}
+            return {
+                "input_features": feats,
+                "attention_mask": torch.ones(len(feats), dtype=torch.long),
+            }
         if self.window_frames is not None:
             return {self.input_key: self._window(audio)}
-        out = self.extractor(audio, sampling_rate=self.sample_rate, return_tensors="pt",
-                             return_attention_mask=True)
+        out = self.extractor(
+            audio, sampling_rate=self.sample_rate, return_tensors="pt", return_attention_mask=True
+        )
         sample = {self.input_key: out[self.input_key][0]}
-        if self.family.startswith("parakeet") and sample[self.input_key].shape[0] != out["attention_mask"].shape[-1]:
+        if (
+            self.family.startswith("parakeet")
+            and sample[self.input_key].shape[0] != out["attention_mask"].shape[-1]
+        ):
             sample[self.input_key] = sample[self.input_key].T
         mask = out.get("attention_mask")
         if self.use_attention_mask:
             sample["attention_mask"] = (
-                mask[0].long() if mask is not None else torch.ones(sample[self.input_key].shape[0], dtype=torch.long)
+                mask[0].long()
+                if mask is not None
+                else torch.ones(sample[self.input_key].shape[0], dtype=torch.long)
             )
         return sample
 
     def _window(self, audio: np.ndarray) -> torch.Tensor:
         """Whisper's ``[mels, window_frames]`` features: audio padded (or cut) to the window."""
         samples = self.window_frames * int(self.extractor.hop_length)
-        out = self.extractor(audio, sampling_rate=self.sample_rate, return_tensors="pt",
-                             padding="max_length", max_length=samples, truncation=True)
+        out = self.extractor(
+            audio,
+            sampling_rate=self.sample_rate,
+            return_tensors="pt",
+            padding="max_length",
+            max_length=samples,
+            truncation=True,
+        )
         feats = out[self.input_key][0][:, : self.window_frames]
         if feats.shape[-1] < self.window_frames:
             feats = torch.nn.functional.pad(feats, (0, self.window_frames - feats.shape[-1]))
@@ -119,14 +145,21 @@ def frontend_for(config: Any, family: str, source: str | None = None) -> Fronten
     if source is not None:
         try:
             extractor = transformers.AutoFeatureExtractor.from_pretrained(source)
-            return Frontend(family, extractor, use_attention_mask=_wants_mask(config, family),
-                            window_frames=window)
+            return Frontend(
+                family,
+                extractor,
+                use_attention_mask=_wants_mask(config, family),
+                window_frames=window,
+            )
         except (OSError, ValueError, KeyError):
             pass  # a bundled config or an offline machine: build the family default below
     if family in ("wav2vec2", "hubert", "wavlm"):
         layer_norm = getattr(config, "feat_extract_norm", "layer") == "layer"
         extractor = transformers.Wav2Vec2FeatureExtractor(
-            feature_size=1, sampling_rate=SAMPLE_RATE_HZ, do_normalize=True, return_attention_mask=layer_norm
+            feature_size=1,
+            sampling_rate=SAMPLE_RATE_HZ,
+            do_normalize=True,
+            return_attention_mask=layer_norm,
         )
         return Frontend(family, extractor, use_attention_mask=layer_norm)
     if family == "whisper":
@@ -134,8 +167,12 @@ def frontend_for(config: Any, family: str, source: str | None = None) -> Fronten
         return Frontend(family, extractor, use_attention_mask=False, window_frames=window)
     if family in ("parakeet_ctc", "parakeet_tdt"):
         enc = getattr(config, "encoder_config", config)
-        return Frontend(family, transformers.ParakeetFeatureExtractor(feature_size=int(enc.num_mel_bins)))
-    raise ConfigError(f"model family {family!r}: asrfit has no audio frontend for it; use a supported model.")
+        return Frontend(
+            family, transformers.ParakeetFeatureExtractor(feature_size=int(enc.num_mel_bins))
+        )
+    raise ConfigError(
+        f"model family {family!r}: asrfit has no audio frontend for it; use a supported model."
+    )
 
 
 def _fit_window(extractor: Any, frames: int) -> None:
@@ -159,4 +196,11 @@ def seconds_to_frames(seconds: float, frames_per_second: float) -> int:
     return int(math.ceil(seconds * frames_per_second))
 
 
-__all__ = ["SAMPLE_RATE_HZ", "Frontend", "LogMel", "frontend_for", "mel_filterbank", "seconds_to_frames"]
+__all__ = [
+    "SAMPLE_RATE_HZ",
+    "Frontend",
+    "LogMel",
+    "frontend_for",
+    "mel_filterbank",
+    "seconds_to_frames",
+]

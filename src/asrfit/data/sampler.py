@@ -50,7 +50,6 @@ from asrfit.data.constraint import BytesConstraint
 from asrfit.errors import ConfigError
 
 if TYPE_CHECKING:
-
     from asrfit.plan.plan import Plan
 
 logger = logging.getLogger(__name__)

@@ -54,7 +54,9 @@ class TextNormalizer(JsonDataclass):
             kept = []
             for i, ch in enumerate(text):
                 if unicodedata.category(ch).startswith("P"):
-                    inner = 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+                    inner = (
+                        0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+                    )
                     if ch in "'’" and inner:
                         kept.append("'")
                     else:
@@ -113,7 +115,9 @@ class CharVocabulary:
             counts.update(normalizer(text))
         chars = sorted(ch for ch, n in counts.items() if n >= min_count and not ch.isspace())
         if not chars:
-            raise ConfigError("the training transcripts hold no characters; check the 'text' field.")
+            raise ConfigError(
+                "the training transcripts hold no characters; check the 'text' field."
+            )
         rare = sorted(ch for ch, n in counts.items() if n < min_count and not ch.isspace())
         if rare:
             logger.info("vocabulary: %d rare characters map to <unk>: %s", len(rare), "".join(rare))
@@ -264,7 +268,9 @@ class PretrainedText:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids to normalised text, special tokens dropped."""
-        text = self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True, **self._decode_kwargs)
+        text = self.tokenizer.decode(
+            [int(i) for i in ids], skip_special_tokens=True, **self._decode_kwargs
+        )
         return self.normalizer(text)
 
     def save(self, folder: Pathlike) -> Path:

@@ -86,7 +86,9 @@ class ValidationPolicy:
                 f"{self.duration_tolerance_ratio}: must be >= 0."
             )
         if self.min_seconds < 0 or self.header_threads < 1:
-            raise ConfigError(f"min_seconds={self.min_seconds}, header_threads={self.header_threads}: invalid.")
+            raise ConfigError(
+                f"min_seconds={self.min_seconds}, header_threads={self.header_threads}: invalid."
+            )
 
     def tolerance_seconds(self, header_seconds: float) -> float:
         """The allowed declared-vs-header difference for audio of ``header_seconds``."""
@@ -113,7 +115,9 @@ class SkipLog:
         """Count one skip and log it."""
         self.counts[reason] += 1
         self.entries.append({"where": where, "reason": reason, "detail": detail})
-        logger.info("skip %s: %s%s", where, reason.replace("_", " "), f" ({detail})" if detail else "")
+        logger.info(
+            "skip %s: %s%s", where, reason.replace("_", " "), f" ({detail})" if detail else ""
+        )
 
     def merge(self, counts: dict[str, int]) -> None:
         """Add counts kept elsewhere (the dataset's own skips)."""
@@ -224,7 +228,8 @@ def validate_utterances(
             utt.offset_seconds and declared <= available
         ):
             log.add(
-                "duration_mismatch", utt.where,
+                "duration_mismatch",
+                utt.where,
                 f"field 'duration' is {declared:g} s, the audio header says {available:.3f} s; "
                 "fix the field (or remove it to use the header)",
             )
@@ -232,12 +237,17 @@ def validate_utterances(
         if not utt.offset_seconds:  # the header is the truth for the batch budget
             utt.duration_seconds = declared = available
         if declared < policy.min_seconds:
-            log.add("too_short", utt.where, f"{declared:.3f} s < min_seconds {policy.min_seconds:g} s")
+            log.add(
+                "too_short", utt.where, f"{declared:.3f} s < min_seconds {policy.min_seconds:g} s"
+            )
             continue
         kept.append(utt)
     if log.counts:
         logger.warning(
-            "%s: validation skipped %d of %d utterances (%s)", what, log.skipped, log.total,
+            "%s: validation skipped %d of %d utterances (%s)",
+            what,
+            log.skipped,
+            log.total,
             ", ".join(f"{k}: {v}" for k, v in sorted(log.counts.items())),
         )
     return kept, log

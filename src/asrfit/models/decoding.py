@@ -54,7 +54,9 @@ def whisper_greedy(
     prompt = list(prompt) if prompt else [int(config.decoder_start_token_id)]
     limit = int(max_length or config.max_target_positions)
     eos, pad = int(config.eos_token_id), config.pad_token_id
-    never = [int(config.decoder_start_token_id)] + ([int(pad)] if pad is not None and pad != eos else [])
+    never = [int(config.decoder_start_token_id)] + (
+        [int(pad)] if pad is not None and pad != eos else []
+    )
     batch = input_features.shape[0]
     encoder_outputs = model.get_encoder()(input_features)
     tokens = torch.tensor(prompt, device=input_features.device).repeat(batch, 1)
@@ -62,8 +64,12 @@ def whisper_greedy(
     finished = torch.zeros(batch, dtype=torch.bool, device=input_features.device)
     step = tokens
     while tokens.shape[1] < limit and not bool(finished.all()):
-        out = model(encoder_outputs=encoder_outputs, decoder_input_ids=step,
-                    past_key_values=cache, use_cache=True)
+        out = model(
+            encoder_outputs=encoder_outputs,
+            decoder_input_ids=step,
+            past_key_values=cache,
+            use_cache=True,
+        )
         cache = out.past_key_values
         logits = out.logits[:, -1].float()
         logits[:, never] = float("-inf")  # tokens that are never output
@@ -71,7 +77,7 @@ def whisper_greedy(
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         finished |= nxt == eos
         step = nxt[:, None]
-    return [_until(row[len(prompt):], eos, set(never)) for row in tokens.tolist()]
+    return [_until(row[len(prompt) :], eos, set(never)) for row in tokens.tolist()]
 
 
 @torch.no_grad()
@@ -103,11 +109,16 @@ def transducer_greedy(
     encoded = model.get_audio_features(input_features=input_features, attention_mask=attention_mask)
     frames = encoded.pooler_output  # (B, T', H)
     batch, total = frames.shape[0], frames.shape[1]
-    lengths = (encoded.attention_mask.sum(-1).long() if encoded.attention_mask is not None
-               else torch.full((batch,), total, device=frames.device))
+    lengths = (
+        encoded.attention_mask.sum(-1).long()
+        if encoded.attention_mask is not None
+        else torch.full((batch,), total, device=frames.device)
+    )
     rows = torch.arange(batch, device=frames.device)
     cache = ParakeetRNNTDecoderCache(config)
-    state = model.decoder(torch.full((batch, 1), blank, device=frames.device), cache=cache)  # (B, 1, H)
+    state = model.decoder(
+        torch.full((batch, 1), blank, device=frames.device), cache=cache
+    )  # (B, 1, H)
     pointer = torch.zeros(batch, dtype=torch.long, device=frames.device)
     symbols = torch.zeros_like(pointer)
     hypotheses: list[list[int]] = [[] for _ in range(batch)]
@@ -131,7 +142,9 @@ def transducer_greedy(
     return hypotheses
 
 
-def greedy_decode(model: nn.Module, family: str, batch: dict[str, Any], prompt: list[int] | None = None) -> list[list[int]]:
+def greedy_decode(
+    model: nn.Module, family: str, batch: dict[str, Any], prompt: list[int] | None = None
+) -> list[list[int]]:
     """Greedy token ids of a collated batch for a Whisper or Parakeet-TDT model.
 
     Args:
@@ -147,7 +160,9 @@ def greedy_decode(model: nn.Module, family: str, batch: dict[str, Any], prompt: 
         return whisper_greedy(model, batch["input_features"], prompt)
     if family == "parakeet_tdt":
         return transducer_greedy(model, batch["input_features"], batch.get("attention_mask"))
-    raise ValueError(f"greedy_decode: family {family!r} is not a sequence family; CTC models use ctc_greedy.")
+    raise ValueError(
+        f"greedy_decode: family {family!r} is not a sequence family; CTC models use ctc_greedy."
+    )
 
 
 def _until(ids: list[int], eos: int, drop: set[int]) -> list[int]:

@@ -206,7 +206,7 @@ def write_model_card(folder: Pathlike, kind: str) -> Path:
         f"{listing}\n\nRead them before trusting them, or load the folder without running "
         "any of them: with asrfit installed (`pip install asrfit`), asrfit's own classes read "
         "the same files (the weights from safetensors, the rest from JSON):\n\n"
-        f"```python\nfolder = \"path/to/this/folder\"\n{_SAFE_LOADS[kind]}```\n\n"
+        f'```python\nfolder = "path/to/this/folder"\n{_SAFE_LOADS[kind]}```\n\n'
         "Without asrfit, the folder loads only with `trust_remote_code=True`, which runs the "
         "files listed above.\n"
     )

@@ -136,7 +136,9 @@ def transducer_inputs(batch: Mapping[str, Any], config: Any) -> dict[str, Any]:
     return {**batch, "labels": padded, "decoder_input_ids": torch.cat([start, padded], dim=1)}
 
 
-def transducer_loss_fn(model: torch.nn.Module, batch: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
+def transducer_loss_fn(
+    model: torch.nn.Module, batch: Mapping[str, Any]
+) -> tuple[torch.Tensor, int]:
     """Parakeet-TDT: the model's per-utterance mean loss times the batch's utterances.
 
     Returns:

@@ -43,11 +43,16 @@ def long_audio_cap_seconds(durations_seconds: Sequence[float]) -> tuple[float | 
     )
 
 
-def long_audio_cap_from_profile(p90_seconds: float, longest_seconds: float) -> tuple[float | None, str]:
+def long_audio_cap_from_profile(
+    p90_seconds: float, longest_seconds: float
+) -> tuple[float | None, str]:
     """The same rule from a dataset profile's 90th percentile and longest utterance."""
     cap = max(LONG_AUDIO_FLOOR_SECONDS, LONG_AUDIO_P90_FACTOR * float(p90_seconds))
     if not longest_seconds > cap:
-        return None, f"no utterance above max({LONG_AUDIO_FLOOR_SECONDS:g} s, 3 x p90 {p90_seconds:.1f} s)"
+        return (
+            None,
+            f"no utterance above max({LONG_AUDIO_FLOOR_SECONDS:g} s, 3 x p90 {p90_seconds:.1f} s)",
+        )
     return cap, (
         f"utterances up to {longest_seconds:.1f} s are above max({LONG_AUDIO_FLOOR_SECONDS:g} s, "
         f"3 x p90 {p90_seconds:.1f} s) = {cap:.1f} s: they are chunked (or filtered) to {cap:.1f} s"

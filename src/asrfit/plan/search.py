@@ -34,7 +34,7 @@ import numpy as np
 from asrfit.errors import AsrfitError, ConfigError
 from asrfit.memory.allocator import CUDA_CONTEXT_BYTES
 from asrfit.memory.cache import model_key
-from asrfit.memory.report import CHAR_LABELS_PER_SECOND, resolve_adapter
+from asrfit.memory.report import resolve_adapter
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.memory.step import SUPPORTED_FAMILIES
 from asrfit.plan.bucketing import plan_buckets
@@ -47,7 +47,7 @@ from asrfit.plan.costs import (
 )
 from asrfit.plan.data_checks import data_warnings
 from asrfit.plan.data_side import data_decisions, offload_warnings
-from asrfit.plan.explain import shortfall_warning
+from asrfit.plan.effective_batch import CHARS_PER_SUBWORD, accumulation, chars_per_second
 from asrfit.plan.fingerprint import fingerprints
 from asrfit.plan.label_buckets import LABEL_PROBE_LOW, LABEL_TRACES, SHORTLIST, choose_across
 from asrfit.plan.long_audio import chunked_sample, long_audio_cap_from_profile
@@ -70,7 +70,6 @@ OPTIMIZER_TRAFFIC_BYTES = {
     OptimizerKind.ADAFACTOR: 16,
     OptimizerKind.SGD: 16,
 }
-CHARS_PER_SUBWORD = 4.0  # characters per BPE token for subword vocabularies
 
 
 class PlanError(AsrfitError, ValueError):
@@ -241,7 +240,7 @@ def plan(
         edge_max = min(edge_max, float(profile.max_input_seconds))
     chars = np.asarray(dataset.text_chars_sample or [dataset.text_chars_mean], dtype=float)
     subword = (profile.vocab_size or 0) > 64
-    cps = _chars_per_second(chars, durations, profile.encoder_frames_per_second, subword)
+    cps = chars_per_second(chars, durations, profile.encoder_frames_per_second, subword)
     labels_per_second = cps / CHARS_PER_SUBWORD if subword else cps
     paired = None  # label lengths paired with the sampled durations, for 2-D buckets
     if dataset.text_chars_sample and len(dataset.text_chars_sample) == durations.size:
@@ -273,8 +272,12 @@ def plan(
     def evaluate(setup: Setup | SetupCosts, refined: bool = True) -> tuple[SetupCosts, Any]:
         """Costs (traced for a Setup; given costs are bucketed as they are) and buckets."""
         cap = None if exhaustive else batch_cap  # the exhaustive search refines every length
-        costs = setup if isinstance(setup, SetupCosts) else estimator.costs(
-            setup, max_input, labels_per_second / rate, arch, usable if refined else None, cap
+        costs = (
+            setup
+            if isinstance(setup, SetupCosts)
+            else estimator.costs(
+                setup, max_input, labels_per_second / rate, arch, usable if refined else None, cap
+            )
         )
         args = (durations, usable, rate, labels_per_second, edge_max, batch_cap)
         return costs, plan_buckets(costs, hardware, *args, dataset.num_utterances)
@@ -292,11 +295,15 @@ def plan(
         setups = candidate_setups(hardware, precision, world, freeze_feature_encoder, offload)
         # at most: the refined groups, one state trace per optimizer, and what choosing how many
         # layers to checkpoint may trace (the unused part is skipped after the choice)
-        per_choice = MAX_LAYER_EVALUATIONS * (COARSE_TRACES + MAX_REFINE_TRACES + 1) if layers else 0
+        per_choice = (
+            MAX_LAYER_EVALUATIONS * (COARSE_TRACES + MAX_REFINE_TRACES + 1) if layers else 0
+        )
         if progress is not None:
             groups = {(s.precision, s.gradient_checkpointing) for s in setups}
             states = {(s.precision, s.optimizer) for s in setups}
-            progress.expect((COARSE_TRACES + MAX_REFINE_TRACES) * len(groups) + len(states) + per_choice)
+            progress.expect(
+                (COARSE_TRACES + MAX_REFINE_TRACES) * len(groups) + len(states) + per_choice
+            )
         without: list[tuple[Setup, SetupCosts, Any]] = []  # setups without checkpointing
         # every group's coarse traces and every optimizer's state, side by side where this
         # host has the cores (asrfit.plan.parallel); the search below finds them traced
@@ -320,19 +327,28 @@ def plan(
             fitting = [w for w in without if w[2] is not None]
             base = max(fitting, key=lambda w: w[2][1]) if fitting else without[0]
             before = progress.done if progress is not None else 0
+
             def for_layers(x: Setup | SetupCosts) -> tuple[SetupCosts, Any]:
                 # the all-layers setup only anchors the predictions: its coarse traces (made by
                 # the screening) are enough; every k the choice keeps is traced in full
                 full = isinstance(x, Setup) and x.gradient_checkpointing and not exhaustive
                 return evaluate(x, not full)
 
-            partial = choose_layers(base[0], (base[1], base[2]), for_layers, layers, device_rates(hardware), batch_cap)
+            partial = choose_layers(
+                base[0], (base[1], base[2]), for_layers, layers, device_rates(hardware), batch_cap
+            )
             if progress is not None:
                 progress.skip(per_choice - (progress.done - before))
             if partial is not None:
                 ckpt_reasons[partial.costs.setup] = partial.reason(world)
-                candidates.append(_Candidate(partial.costs, partial.result[0],
-                                             partial.result[1] * world, partial.result[2] / world))
+                candidates.append(
+                    _Candidate(
+                        partial.costs,
+                        partial.result[0],
+                        partial.result[1] * world,
+                        partial.result[2] / world,
+                    )
+                )
         if candidates:
             break
     if not candidates:
@@ -344,16 +360,37 @@ def plan(
             + "\n  ".join(tried)
             + "\nWhat would fit: a shorter --max-seconds (long utterances are then chunked), the 8-bit optimizer, "
             "ZeRO-3 with CPU offload, more GPUs (--world-size), or a GPU with more memory."
-            + "\nProposals (checked by the simulator):\n  " + "\n  ".join(nothing_fits_proposals(
-                adapter=adapter, profile=profile, costs=all_costs, usable_bytes=usable,
-                shape=Shape(rate, labels_per_second), longest_seconds=edge_max,
-                target_batch=batch_cap or 1, architecture=arch, expandable=expandable_segments,
-                gpu=hardware.spec.name if hardware.spec else hardware.source))
+            + "\nProposals (checked by the simulator):\n  "
+            + "\n  ".join(
+                nothing_fits_proposals(
+                    adapter=adapter,
+                    profile=profile,
+                    costs=all_costs,
+                    usable_bytes=usable,
+                    shape=Shape(rate, labels_per_second),
+                    longest_seconds=edge_max,
+                    target_batch=batch_cap or 1,
+                    architecture=arch,
+                    expandable=expandable_segments,
+                    gpu=hardware.spec.name if hardware.spec else hardware.source,
+                )
+            )
         )
     candidates.sort(key=lambda c: -c.throughput)
     at, (chosen_costs, chosen, dims, bucketing_reason) = choose_across(
-        candidates, world, estimator, hardware, durations, paired, usable, rate, labels_per_second,
-        edge_max, batch_cap, dataset.num_utterances, bucketing,
+        candidates,
+        world,
+        estimator,
+        hardware,
+        durations,
+        paired,
+        usable,
+        rate,
+        labels_per_second,
+        edge_max,
+        batch_cap,
+        dataset.num_utterances,
+        bucketing,
     )
     candidates.insert(0, candidates.pop(at))  # the chosen first, the others as alternatives
     best = candidates[0]
@@ -362,7 +399,7 @@ def plan(
         progress.close()
     if dims == "2d":
         best = _Candidate(chosen_costs, chosen[0], chosen[1] * world, chosen[2] / world)
-    accum, eff_utts, eff_hours, warnings = _accumulation(
+    accum, eff_utts, eff_hours, warnings = accumulation(
         best.buckets, world, target_effective_batch, target_hours
     )
     data = data_decisions(dataset, hardware, world, long_utterances, edge_max)
@@ -429,47 +466,3 @@ def plan(
         num_nodes=num_nodes,
         fingerprints=fingerprints(hardware, dataset, profile),
     )
-
-
-def _chars_per_second(
-    chars: np.ndarray, durations: np.ndarray, encoder_fps: float | None, subword: bool
-) -> float:
-    """The 95th percentile of the sample's transcript characters per second, of the
-    utterances a model can learn from: one whose labels outnumber the encoder's frames (a
-    mislabelled or truncated clip) is skipped by training, and is left out here too."""
-    if not chars.size:
-        return CHAR_LABELS_PER_SECOND
-    rates = chars / np.maximum(durations[: chars.size], 1e-3)
-    if encoder_fps:
-        feasible = rates[rates <= encoder_fps * (CHARS_PER_SUBWORD if subword else 1.0)]
-        rates = feasible if feasible.size else rates
-    return float(np.percentile(rates, 95))
-
-
-def _accumulation(
-    buckets: list[Bucket], world: int, target_utts: int | None, target_hours: float | None
-) -> tuple[int, float, float, list[str]]:
-    """Accumulation steps and the effective batch they give (utterances, hours), with warnings."""
-    batches = [b.utterance_fraction / b.batch_size for b in buckets]  # micro-batches per utterance
-    per_batch_utts = 1.0 / sum(batches)
-    mean_seconds = sum(b.utterance_fraction * (b.min_seconds + b.max_seconds) / 2 for b in buckets)
-    per_batch_seconds = per_batch_utts * mean_seconds
-    warnings: list[str] = []
-    if target_hours is not None:
-        accum = max(1, round(target_hours * 3600 / (per_batch_seconds * world)))
-        reachable = per_batch_seconds * world / 3600
-        if target_hours < reachable * 0.75:
-            warnings.append(
-                f"target {target_hours:g} h per step is below one micro-batch on each GPU; best reachable: {reachable:.3f} h"
-            )
-    else:
-        target = target_utts or 1
-        accum = max(1, round(target / (per_batch_utts * world)))
-        if target < world:
-            warnings.append(
-                f"target {target} utterances is below one per GPU; best reachable: {world}"
-            )
-    eff_utts = per_batch_utts * world * accum
-    if target_hours is None and target_utts and abs(eff_utts - target_utts) > 0.1 * target_utts:
-        warnings.append(shortfall_warning(target_utts, accum, per_batch_utts, world, buckets))
-    return accum, eff_utts, eff_utts * mean_seconds / 3600, warnings

@@ -126,7 +126,9 @@ def _apply_overrides(config: Any, data: dict[str, Any], overrides: dict[str, Any
         elif sub is not None and hasattr(sub, key):
             target, owner, name = data["encoder_config"], sub, key
         else:
-            raise ConfigError(f"model override {key}={value!r}: {type(config).__name__} has no field {key!r}.")
+            raise ConfigError(
+                f"model override {key}={value!r}: {type(config).__name__} has no field {key!r}."
+            )
         target[name] = value
         _follow_derived(target, owner, name, overrides)
 
@@ -135,7 +137,9 @@ def _apply_overrides(config: Any, data: dict[str, Any], overrides: dict[str, Any
 _DERIVED = {"num_attention_heads": "num_key_value_heads"}
 
 
-def _follow_derived(target: dict[str, Any], owner: Any, name: str, overrides: dict[str, Any]) -> None:
+def _follow_derived(
+    target: dict[str, Any], owner: Any, name: str, overrides: dict[str, Any]
+) -> None:
     """Keep a derived field equal to its source when it was equal before and is not overridden
     (Parakeet's ``num_key_value_heads`` follows ``num_attention_heads``)."""
     derived = _DERIVED.get(name)
@@ -145,7 +149,9 @@ def _follow_derived(target: dict[str, Any], owner: Any, name: str, overrides: di
         target[derived] = target[name]
 
 
-def _config_for(config: Any, family: str, vocab: CharVocabulary | None, overrides: dict[str, Any]) -> Any:
+def _config_for(
+    config: Any, family: str, vocab: CharVocabulary | None, overrides: dict[str, Any]
+) -> Any:
     """A fresh config with the overrides and (unless None) the vocabulary, validated by its class."""
     data = config.to_dict()
     _apply_overrides(config, data, overrides)
@@ -158,9 +164,15 @@ def _vocab_fields(family: str, n: int, data: dict[str, Any]) -> dict[str, Any]:
     """Config fields that size the output to ``n`` characters and place the special ids."""
     if family == "whisper":
         eos, start = n, n + 1
-        return {"vocab_size": n + 2, "eos_token_id": eos, "decoder_start_token_id": start,
-                "bos_token_id": start, "pad_token_id": BLANK_ID,
-                "begin_suppress_tokens": None, "suppress_tokens": None}
+        return {
+            "vocab_size": n + 2,
+            "eos_token_id": eos,
+            "decoder_start_token_id": start,
+            "bos_token_id": start,
+            "pad_token_id": BLANK_ID,
+            "begin_suppress_tokens": None,
+            "suppress_tokens": None,
+        }
     if family == "parakeet_tdt":
         return {"vocab_size": n + 1, "blank_token_id": n, "pad_token_id": BLANK_ID}
     fields: dict[str, Any] = {"vocab_size": n, "pad_token_id": BLANK_ID}
@@ -177,7 +189,9 @@ def _vocab_fields(family: str, n: int, data: dict[str, Any]) -> dict[str, Any]:
 _TOKENIZER_SLACK = 8
 
 
-def _pretrained_tokenizer(source: str, family: str, config: Any, vocab: CharVocabulary) -> PretrainedText | None:
+def _pretrained_tokenizer(
+    source: str, family: str, config: Any, vocab: CharVocabulary
+) -> PretrainedText | None:
     """The checkpoint's own tokenizer for Whisper / Parakeet-TDT, or None (logged) when none
     loads or the one that loads does not cover the checkpoint's ``vocab_size`` (transformers
     builds an empty tokenizer for a folder without tokenizer files)."""
@@ -190,8 +204,13 @@ def _pretrained_tokenizer(source: str, family: str, config: Any, vocab: CharVoca
         logger.warning("%s: no tokenizer available (%s); %s.", source, err, fallback)
         return None
     if not 0 <= int(config.vocab_size) - len(tokenizer) <= _TOKENIZER_SLACK:
-        logger.warning("%s: its tokenizer has %d tokens for the model's vocab_size=%d; %s.",
-                       source, len(tokenizer), config.vocab_size, fallback)
+        logger.warning(
+            "%s: its tokenizer has %d tokens for the model's vocab_size=%d; %s.",
+            source,
+            len(tokenizer),
+            config.vocab_size,
+            fallback,
+        )
         return None
     prefix: list[int] = []
     if family == "whisper" and hasattr(tokenizer, "set_prefix_tokens"):
@@ -240,7 +259,9 @@ def build_asr_model(
         text = _pretrained_tokenizer(source, family, resolved.config, vocab) or vocab
     own_tokenizer = isinstance(text, PretrainedText)
     config = _config_for(resolved.config, family, None if own_tokenizer else vocab, overrides or {})
-    model, loaded = _instantiate(model_class_for(config), config, source if pretrained else None, spec)
+    model, loaded = _instantiate(
+        model_class_for(config), config, source if pretrained else None, spec
+    )
     if freeze_feature_encoder and hasattr(model, "freeze_feature_encoder"):
         model.freeze_feature_encoder()
     if family == "parakeet_tdt":  # so that transformers' generate() runs on the saved model too
@@ -248,11 +269,24 @@ def build_asr_model(
         model.generation_config.pad_token_id = config.pad_token_id
     adapter = hf_adapter(config, name=resolved.name)
     frontend = frontend_for(config, family, source if loaded else None)
-    logger.info("%s: %s, %.1fM parameters, %s weights; text: %s", resolved.name, type(model).__name__,
-                sum(p.numel() for p in model.parameters()) / 1e6, "pretrained" if loaded else "random",
-                _describe(text))
-    return ASRModel(model, config, family, frontend, adapter.output_frames if family in CTC_FAMILIES else None,
-                    resolved.name, loaded, vocab=text)
+    logger.info(
+        "%s: %s, %.1fM parameters, %s weights; text: %s",
+        resolved.name,
+        type(model).__name__,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        "pretrained" if loaded else "random",
+        _describe(text),
+    )
+    return ASRModel(
+        model,
+        config,
+        family,
+        frontend,
+        adapter.output_frames if family in CTC_FAMILIES else None,
+        resolved.name,
+        loaded,
+        vocab=text,
+    )
 
 
 def _describe(text: TextCodec) -> str:
@@ -262,14 +296,18 @@ def _describe(text: TextCodec) -> str:
     return f"the {len(text)}-token character vocabulary"
 
 
-def _instantiate(cls: type[nn.Module], config: Any, source: str | None, spec: str) -> tuple[nn.Module, bool]:
+def _instantiate(
+    cls: type[nn.Module], config: Any, source: str | None, spec: str
+) -> tuple[nn.Module, bool]:
     """``cls.from_pretrained(source)`` when it has weights (mismatched heads re-initialised),
     else ``cls(config)`` with random weights. Returns the model and whether weights loaded."""
     if source is not None:
         try:
             return cls.from_pretrained(source, config=config, ignore_mismatched_sizes=True), True
         except (OSError, ValueError) as err:
-            logger.warning("%s: no weights available (%s); starting from random weights.", spec, err)
+            logger.warning(
+                "%s: no weights available (%s); starting from random weights.", spec, err
+            )
     return cls(config), False
 
 

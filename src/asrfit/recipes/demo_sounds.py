@@ -304,7 +304,9 @@ def _target_samples(rng: np.random.Generator, limits: UtteranceLimits) -> int:
     return int(np.clip(round(seconds * limits.sample_rate), limits.min_samples, limits.max_samples))
 
 
-def synthetic_utterance(rng: np.random.Generator, limits: UtteranceLimits) -> tuple[str, np.ndarray]:
+def synthetic_utterance(
+    rng: np.random.Generator, limits: UtteranceLimits
+) -> tuple[str, np.ndarray]:
     """Draw words until the next one would pass a drawn target length; render them."""
     sr = limits.sample_rate
     vocab = _pseudo_words()

@@ -42,8 +42,12 @@ class EvalResult(JsonDataclass):
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """Readable ``(label, value)`` rows."""
-        return [("WER", f"{100 * self.wer:.1f} %"), ("CER", f"{100 * self.cer:.1f} %"),
-                ("Utterances", str(self.utterances)), ("Loss", f"{self.loss:.3f}")]
+        return [
+            ("WER", f"{100 * self.wer:.1f} %"),
+            ("CER", f"{100 * self.cer:.1f} %"),
+            ("Utterances", str(self.utterances)),
+            ("Loss", f"{self.loss:.3f}"),
+        ]
 
 
 def error_rates(references: list[str], hypotheses: list[str]) -> tuple[float, float]:
@@ -91,13 +95,17 @@ def transcribe(
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
             samples = [dataset[i] for i in indices]
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                     for k, v in pad_collate(samples).items()}
+            batch = {
+                k: v.to(device) if isinstance(v, torch.Tensor) else v
+                for k, v in pad_collate(samples).items()
+            }
             if family in SEQUENCE_FAMILIES:
                 loss, n = loss_fn(model, batch)
                 ids = greedy_decode(model, family, batch, _prompt(model, dataset))
             else:
-                loss, n, ids = _ctc_batch(model, batch, samples, dataset.frontend.input_key, output_frames)
+                loss, n, ids = _ctc_batch(
+                    model, batch, samples, dataset.frontend.input_key, output_frames
+                )
             if torch.isfinite(loss):
                 loss_sum, units = loss_sum + float(loss), units + int(n)
             for i, row in zip(indices, ids, strict=True):
@@ -116,9 +124,14 @@ def _ctc_batch(
 ) -> tuple[torch.Tensor, int, list[list[int]]]:
     """One CTC forward: ``(loss x utterances, utterances, greedy ids)``."""
     out = model(**batch)
-    lengths = [int(s["attention_mask"].sum()) if "attention_mask" in s else s[key].shape[0] for s in samples]
+    lengths = [
+        int(s["attention_mask"].sum()) if "attention_mask" in s else s[key].shape[0]
+        for s in samples
+    ]
     if output_frames is None:
-        raise ValueError("transcribe: a CTC model needs output_frames (input frames -> CTC frames).")
+        raise ValueError(
+            "transcribe: a CTC model needs output_frames (input frames -> CTC frames)."
+        )
     frames = torch.tensor([min(output_frames(n), out.logits.shape[1]) for n in lengths])
     loss = out.loss if out.loss is not None else torch.tensor(float("nan"))
     return loss.detach() * len(samples), len(samples), ctc_greedy(out.logits.float().cpu(), frames)
@@ -143,7 +156,9 @@ def evaluate(
 ) -> EvalResult:
     """WER and CER of greedy decoding (see :func:`transcribe`) against the dataset's
     normalised transcripts."""
-    hypotheses, loss = transcribe(model, dataset, output_frames, batch_size=batch_size, device=device)
+    hypotheses, loss = transcribe(
+        model, dataset, output_frames, batch_size=batch_size, device=device
+    )
     wer, cer = error_rates(dataset.texts, hypotheses)
     examples = [[dataset.texts[i], hypotheses[i]] for i in range(min(num_examples, len(dataset)))]
     return EvalResult(wer=wer, cer=cer, utterances=len(dataset), loss=loss, examples=examples)

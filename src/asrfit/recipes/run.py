@@ -37,9 +37,9 @@ from asrfit.data.audio import SpecAugment
 from asrfit.data.dataset import SpeechDataset, utterances_from
 from asrfit.data.text import CharVocabulary, TextNormalizer
 from asrfit.data.validate import SkipLog, ValidationPolicy, validate_utterances
-from asrfit.errors import ConfigError
 from asrfit.recipes.asr_model import ASRModel, auto_class_for, build_asr_model
 from asrfit.recipes.evaluate import evaluate
+from asrfit.recipes.run_checks import check_loaded_plan, check_resumed_model, push_to_hub
 from asrfit.recipes.run_events import run_listeners
 from asrfit.recipes.run_report import (
     CPU_PEAK_KIND,
@@ -62,8 +62,6 @@ from asrfit.utils.io import atomic_write_text, remove_stale_temporaries
 logger = logging.getLogger(__name__)
 
 
-
-
 def _spec_augment(cfg: RunConfig, asr: ASRModel) -> SpecAugment | None:
     """SpecAugment for ``(frames, mels)`` features; Whisper's ``(mels, frames)`` window gets none."""
     if not cfg.spec_augment or asr.frontend.input_key != "input_features":
@@ -79,102 +77,84 @@ def _dataset_profile(cfg: RunConfig, train_set: SpeechDataset) -> Any:
     from asrfit.profiles.dataset import DatasetProfile
 
     if all(isinstance(u.source, (str, Path)) for u in train_set.utterances):
-        source: Any = write_clean_manifest(train_set.utterances, Path(cfg.out_dir) / "train.clean.jsonl")
+        source: Any = write_clean_manifest(
+            train_set.utterances, Path(cfg.out_dir) / "train.clean.jsonl"
+        )
     else:  # embedded audio or lhotse cuts: profile the source itself
         source = cfg.train
     return DatasetProfile.from_source(source)
 
 
-def _check_resumed_model(cfg: RunConfig, out: Path) -> None:
-    """Refuse to resume a run folder with another model than it was trained with."""
-    path = out / "run_config.json"
-    if not path.is_file():
-        return
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # unreadable: the checkpoint itself will say whether it fits
-    for name, flag in (("model", "--model"), ("model_overrides", "--set")):
-        before, now = saved.get(name), json.loads(json.dumps(getattr(cfg, name)))  # as saved
-        if name == "model_overrides":
-            before, now = before or {}, now or {}
-        if before != now:
-            raise ConfigError(
-                f"{out}: its run was trained with {flag} {before!r}, this one asks for {now!r}; "
-                f"resume with the same {flag}, or train afresh in another --out folder."
-            )
-
-
-def _check_loaded_plan(cfg: RunConfig, asr: ASRModel, train_set: SpeechDataset, plan: Any) -> None:
-    """Refuse a --plan made for another model, GPU or dataset, unless --force-plan (then log)."""
-    from asrfit.memory.report import resolve_adapter
-    from asrfit.plan.fingerprint import (
-        check_fingerprints,
-        data_fingerprint,
-        fingerprint_mismatches,
-        fingerprints,
-    )
-    from asrfit.profiles.dataset import DatasetProfile
-    from asrfit.profiles.hardware import HardwareProfile
-
-    _, profile = resolve_adapter(asr.config)
-    current = fingerprints(HardwareProfile.resolve(cfg.gpu), _dataset_profile(cfg, train_set), profile)
-    saved = plan.fingerprints
-    if "data" in saved and fingerprint_mismatches({"data": saved["data"]}, {"data": current["data"]}):
-        # `asrfit plan` profiles the manifest as given; a run plans on it after validation and
-        # chunking (train.clean.jsonl): either is the data the plan was made for
-        raw = {"data": data_fingerprint(DatasetProfile.from_source(cfg.train))}
-        if not fingerprint_mismatches({"data": saved["data"]}, raw):
-            current["data"] = raw["data"]
-    for line in check_fingerprints(saved, current, where=str(cfg.plan), force=cfg.force_plan):
-        logger.warning("--force-plan: %s", line)
-
-
-def _plan(cfg: RunConfig, asr: ASRModel, train_set: SpeechDataset, cap: float | None) -> tuple[Any, Any]:
+def _plan(
+    cfg: RunConfig, asr: ASRModel, train_set: SpeechDataset, cap: float | None
+) -> tuple[Any, Any]:
     """Plan for the utterances that passed validation (profiled from ``train.clean.jsonl``)."""
     from asrfit.plan.search import plan as make_plan
     from asrfit.profiles.hardware import HardwareProfile
 
     hardware = HardwareProfile.resolve(cfg.gpu)
     dataset = _dataset_profile(cfg, train_set)
-    return make_plan(hardware, dataset, asr.config, target_effective_batch=cfg.target_batch,
-                     max_seconds=cap), hardware
+    return make_plan(
+        hardware, dataset, asr.config, target_effective_batch=cfg.target_batch, max_seconds=cap
+    ), hardware
 
 
 def _prepare_data(cfg: RunConfig, out: Path) -> tuple[list[Any], SkipLog, ValidationPolicy]:
     """Read and validate the training data (see :mod:`asrfit.data.validate`)."""
-    policy = ValidationPolicy(max_skipped_fraction=cfg.max_skipped, duration_tolerance_seconds=cfg.duration_tolerance)
-    utterances, log = validate_utterances(utterances_from(cfg.train), policy, what=f"training data {cfg.train}")
+    policy = ValidationPolicy(
+        max_skipped_fraction=cfg.max_skipped, duration_tolerance_seconds=cfg.duration_tolerance
+    )
+    utterances, log = validate_utterances(
+        utterances_from(cfg.train), policy, what=f"training data {cfg.train}"
+    )
     return utterances, log, policy
 
 
-def _check_skips(log: SkipLog, train_set: SpeechDataset, policy: ValidationPolicy, cfg: RunConfig, out: Path) -> None:
+def _check_skips(
+    log: SkipLog, train_set: SpeechDataset, policy: ValidationPolicy, cfg: RunConfig, out: Path
+) -> None:
     """Write ``skipped.jsonl``, then stop when too much of the data was skipped."""
     log.merge(dict(train_set.skipped))
     log.entries += train_set.skip_entries
     listing = log.write(out / "skipped.jsonl") if log.entries else None
     if log.counts:
-        logger.warning("training data: %d of %d utterances skipped (%s)%s", log.skipped, log.total,
-                       ", ".join(f"{k}: {v}" for k, v in sorted(log.counts.items())),
-                       f"; each listed in {listing}" if listing else "")
+        logger.warning(
+            "training data: %d of %d utterances skipped (%s)%s",
+            log.skipped,
+            log.total,
+            ", ".join(f"{k}: {v}" for k, v in sorted(log.counts.items())),
+            f"; each listed in {listing}" if listing else "",
+        )
     log.check(policy, f"training data {cfg.train}", str(listing) if listing else None)
 
 
-def _check_unbatched(log: SkipLog, train_set: SpeechDataset, plan: Any, policy: ValidationPolicy,
-                     cfg: RunConfig, out: Path) -> None:
+def _check_unbatched(
+    log: SkipLog,
+    train_set: SpeechDataset,
+    plan: Any,
+    policy: ValidationPolicy,
+    cfg: RunConfig,
+    out: Path,
+) -> None:
     """Utterances the plan's buckets cannot batch (the sampler would drop them) are skips too:
     listed in ``skipped.jsonl`` and counted against ``--max-skipped`` before training starts."""
     from asrfit.data.sampler import MemoryBudgetSampler
 
-    probe = MemoryBudgetSampler(train_set.durations, plan, label_lengths=train_set.label_lengths, shuffle=False)
+    probe = MemoryBudgetSampler(
+        train_set.durations, plan, label_lengths=train_set.label_lengths, shuffle=False
+    )
     if not probe.skipped_indices:
         return
     reason = "not_batched: " + "; ".join(sorted(probe.skipped))  # report.json's key, as before
     for index in probe.skipped_indices:
         log.add(reason, train_set.utterances[index].where)
     listing = log.write(out / "skipped.jsonl")
-    logger.warning("training data: %d utterance(s) the plan cannot batch (%s); each listed in %s",
-                   len(probe.skipped_indices), reason, listing)
+    logger.warning(
+        "training data: %d utterance(s) the plan cannot batch (%s); each listed in %s",
+        len(probe.skipped_indices),
+        reason,
+        listing,
+    )
     log.check(policy, f"training data {cfg.train}", str(listing))
 
 
@@ -184,8 +164,18 @@ def _score_epoch(ctx: dict[str, Any], stage: int, record: EpochRecord) -> None:
     dev = record.dev
     if dev is None or ctx["best_cer"] is None or dev.cer < ctx["best_cer"]:
         ctx["best_cer"], ctx["best_wer"] = (dev.cer, dev.wer) if dev else (None, None)
-        save_best(ctx["asr"], ctx["vocab"], ctx["plan"], ctx["out"] / "best",
-                   {"dev_cer": ctx["best_cer"], "dev_wer": ctx["best_wer"], "stage": stage, "step": record.steps})
+        save_best(
+            ctx["asr"],
+            ctx["vocab"],
+            ctx["plan"],
+            ctx["out"] / "best",
+            {
+                "dev_cer": ctx["best_cer"],
+                "dev_wer": ctx["best_wer"],
+                "stage": stage,
+                "step": record.steps,
+            },
+        )
     state.add(stage, record.steps, record.to_dict())
     state.save(ctx["out"] / "run_state.json")
 
@@ -216,7 +206,7 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.resume:
-        _check_resumed_model(cfg, out)
+        check_resumed_model(cfg, out)
     atomic_write_text(out / "run_config.json", cfg.to_json())  # for `asrfit report` mid-run
     for stale in remove_stale_temporaries(out):
         logger.info("removed %s left by an interrupted write", stale)
@@ -231,7 +221,9 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     else:
         vocab = CharVocabulary.build((u.text for u in train_utts), normalizer)
         vocab.save(out)
-    asr = build_asr_model(cfg.model, vocab, pretrained=not cfg.random_init, overrides=cfg.model_overrides)
+    asr = build_asr_model(
+        cfg.model, vocab, pretrained=not cfg.random_init, overrides=cfg.model_overrides
+    )
     if asr.vocab is not None:  # a pretrained Whisper / Parakeet-TDT may bring its own tokenizer
         vocab = asr.vocab
     window = asr.frontend.max_seconds  # Whisper's fixed input window, else None
@@ -242,19 +234,30 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         loaded_plan = Plan.load(cfg.plan)
         cap, mode = loaded_plan.data.max_seconds, loaded_plan.data.long_utterances
     else:
-        cap, reason = (cfg.max_seconds, "--max-seconds") if cfg.max_seconds else long_audio_cap_seconds(
-            [u.duration_seconds for u in train_utts])
+        cap, reason = (
+            (cfg.max_seconds, "--max-seconds")
+            if cfg.max_seconds
+            else long_audio_cap_seconds([u.duration_seconds for u in train_utts])
+        )
         mode = "chunk"
         if cap is not None:
             logger.warning("long audio: %s", reason)
     max_seconds = cap if window is None else min(cap or window, window)
     augment = _spec_augment(cfg, asr)
-    train_set = SpeechDataset(train_utts, vocab, asr.frontend, **asr.label_rules(),
-                              max_seconds=max_seconds, long_utterances=mode,
-                              spec_augment=augment, seed=cfg.seed, event_log=out / "data_events.jsonl")
+    train_set = SpeechDataset(
+        train_utts,
+        vocab,
+        asr.frontend,
+        **asr.label_rules(),
+        max_seconds=max_seconds,
+        long_utterances=mode,
+        spec_augment=augment,
+        seed=cfg.seed,
+        event_log=out / "data_events.jsonl",
+    )
     _check_skips(skip_log, train_set, policy, cfg, out)
     if loaded_plan is not None:
-        _check_loaded_plan(cfg, asr, train_set, loaded_plan)
+        check_loaded_plan(cfg, asr, _dataset_profile(cfg, train_set), loaded_plan)
         plan, hardware = loaded_plan, None
     else:
         plan, hardware = _plan(cfg, asr, train_set, cap)
@@ -263,15 +266,30 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     train_set.set_cache(plan.data.cache_decoded_audio)
     dev_set = None
     if cfg.dev is not None:
-        dev_set = SpeechDataset(utterances_from(cfg.dev), vocab, asr.frontend, **asr.label_rules(scoring=True),
-                                max_seconds=window, long_utterances="chunk", cache=True, keep_unknown=True)
+        dev_set = SpeechDataset(
+            utterances_from(cfg.dev),
+            vocab,
+            asr.frontend,
+            **asr.label_rules(scoring=True),
+            max_seconds=window,
+            long_utterances="chunk",
+            cache=True,
+            keep_unknown=True,
+        )
     lr = cfg.learning_rate or (5e-5 if asr.pretrained else 1e-3)
     order = np.random.default_rng(cfg.seed).permutation(len(train_set))
     events = run_listeners(cfg, out, list(listeners or []))
     state = RunState.load(out / "run_state.json") if cfg.resume else RunState()
     epochs: list[EpochRecord] = [EpochRecord.from_dict(e) for e in state.epochs]
-    ctx: dict[str, Any] = {"state": state, "asr": asr, "vocab": vocab, "plan": plan, "out": out,
-                           "best_cer": None, "best_wer": None}
+    ctx: dict[str, Any] = {
+        "state": state,
+        "asr": asr,
+        "vocab": vocab,
+        "plan": plan,
+        "out": out,
+        "best_cer": None,
+        "best_wer": None,
+    }
     if cfg.resume and (out / "best" / "scores.json").is_file():
         scores = json.loads((out / "best" / "scores.json").read_text(encoding="utf-8"))
         ctx["best_cer"], ctx["best_wer"] = scores["dev_cer"], scores["dev_wer"]
@@ -284,23 +302,43 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         if state.is_scored(stage, trainer.global_step):
             # resumed from a checkpoint before an epoch already scored (a damaged newer one
             # passed over): that epoch was trained again to the same weights; its record stands
-            logger.info("stage %d step %d: already scored before the resume", stage, trainer.global_step)
+            logger.info(
+                "stage %d step %d: already scored before the resume", stage, trainer.global_step
+            )
             return
         # numbered from 1; an epoch that --max-steps cut short has not moved trainer.epoch on
         into = trainer.batches_in_epoch / max(1, len(sampler))
         epoch = trainer.epoch + (1 if into else 0)
         dev = None
         if dev_set is not None:
-            dev = evaluate(trainer.unwrapped_model, dev_set, asr.output_frames,
-                           batch_size=cfg.eval_batch_size, device=trainer.accelerator.device)
-            logger.info("stage %d epoch %d: dev WER %.1f %%, CER %.1f %%", stage, epoch,
-                        100 * dev.wer, 100 * dev.cer)
+            dev = evaluate(
+                trainer.unwrapped_model,
+                dev_set,
+                asr.output_frames,
+                batch_size=cfg.eval_batch_size,
+                device=trainer.accelerator.device,
+            )
+            logger.info(
+                "stage %d epoch %d: dev WER %.1f %%, CER %.1f %%",
+                stage,
+                epoch,
+                100 * dev.wer,
+                100 * dev.cer,
+            )
             events.on_eval(trainer.global_step, {"wer": dev.wer, "cer": dev.cer})
         predicted = predicted_epoch_seconds(plan, trainer.accelerator.device.type, audio)
-        record = EpochRecord(stage, epoch, trainer.global_step, loss, wall, audio, dev, predicted, into or 1.0)
+        record = EpochRecord(
+            stage, epoch, trainer.global_step, loss, wall, audio, dev, predicted, into or 1.0
+        )
         if predicted:  # an epoch resumed at its end trains on no audio
-            logger.info("stage %d epoch %d: trained in %.0f s, the plan predicted %.0f s (measured/predicted %.2f)",
-                        stage, epoch, wall, predicted, wall / predicted)
+            logger.info(
+                "stage %d epoch %d: trained in %.0f s, the plan predicted %.0f s (measured/predicted %.2f)",
+                stage,
+                epoch,
+                wall,
+                predicted,
+                wall / predicted,
+            )
         epochs.append(record)
         _score_epoch(ctx, stage, record)
 
@@ -311,12 +349,21 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         labels = [train_set.label_lengths[i] for i in indices]
         stage_dir = out / f"stage{stage}"
         training = TrainingConfig.from_plan(plan, learning_rate=lr, num_train_epochs=cfg.epochs)
-        trainer = MemoryEfficientTrainer(asr.model, training, plan=plan, out_dir=stage_dir,
-                                         loss_fn=asr.loss_fn, units_fn=asr.units_fn,
-                                         seed=cfg.seed, progress=False, keep_last=cfg.keep_checkpoints,
-                                         stop_signals=cfg.stop_signals,
-                                         save_every_steps=save_steps, save_every_minutes=save_minutes,
-                                         listeners=[events])
+        trainer = MemoryEfficientTrainer(
+            asr.model,
+            training,
+            plan=plan,
+            out_dir=stage_dir,
+            loss_fn=asr.loss_fn,
+            units_fn=asr.units_fn,
+            seed=cfg.seed,
+            progress=False,
+            keep_last=cfg.keep_checkpoints,
+            stop_signals=cfg.stop_signals,
+            save_every_steps=save_steps,
+            save_every_minutes=save_minutes,
+            listeners=[events],
+        )
         sampler = trainer.make_sampler(subset, durations=durations, label_lengths=labels)
         per_epoch = math.ceil(len(sampler) / trainer.accumulation_steps)
         total = math.ceil(cfg.epochs * per_epoch)
@@ -324,7 +371,9 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
             total = min(total, cfg.max_steps)
         events.offset = events.total_steps
         events.total_steps += total
-        events.on_train_begin(events.total_steps, events.offset)  # the display's total grows per stage
+        events.on_train_begin(
+            events.total_steps, events.offset
+        )  # the display's total grows per stage
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, total // 10)
         inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
         trainer.scheduler = warmup_schedule(inner, warmup, total)
@@ -341,8 +390,12 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
                 # killed after the epoch's checkpoint, before its score was saved: score it now
                 trainer.unwrapped_model.load_state_dict(saved["model"])
                 trainer.global_step, trainer.epoch = step, int(saved["epoch"])
-                logger.warning("stage %d step %d: its epoch was not scored before the run stopped; "
-                               "scoring it now", stage, step)
+                logger.warning(
+                    "stage %d step %d: its epoch was not scored before the run stopped; "
+                    "scoring it now",
+                    stage,
+                    step,
+                )
                 loss_total, units_total = saved["extra"].get("epoch_loss", (math.nan, 1))
                 score(stage, loss_total / units_total if units_total else math.nan, 0.0, 0.0)
             if step >= total:  # the stage had finished: take its weights and move on
@@ -351,8 +404,14 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         while step < total:
             # one epoch per call (the rest of it after a resume), then score dev
             epoch_end = step + math.ceil((len(sampler) - batches_done) / trainer.accumulation_steps)
-            summary = trainer.train(sampler, dataset=subset, resume_from=resume_from,
-                                    max_steps=min(total, epoch_end), durations=durations, label_lengths=labels)
+            summary = trainer.train(
+                sampler,
+                dataset=subset,
+                resume_from=resume_from,
+                max_steps=min(total, epoch_end),
+                durations=durations,
+                label_lengths=labels,
+            )
             step, batches_done, resume_from, trained = trainer.global_step, 0, None, True
             peak = max(peak, summary.peak_memory_bytes)
             audio_seconds += summary.audio_seconds
@@ -362,49 +421,64 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         nonfinite += trainer.nonfinite.skipped_steps
         preflight += [f"stage {stage}: {note}" for note in trainer.preflight_notes]
         # a stage that had finished before a resume keeps its checkpoint as it is
-        previous = trainer.save_checkpoint() if trained else latest_good_checkpoint(stage_dir / "checkpoints")
+        previous = (
+            trainer.save_checkpoint()
+            if trained
+            else latest_good_checkpoint(stage_dir / "checkpoints")
+        )
     events.on_train_end()
     test = None
     if cfg.test is not None:
         best = auto_class_for(asr.family).from_pretrained(out / "best")
-        test_set = SpeechDataset(utterances_from(cfg.test), vocab, asr.frontend, **asr.label_rules(scoring=True),
-                                 max_seconds=window, long_utterances="chunk", keep_unknown=True)
+        test_set = SpeechDataset(
+            utterances_from(cfg.test),
+            vocab,
+            asr.frontend,
+            **asr.label_rules(scoring=True),
+            max_seconds=window,
+            long_utterances="chunk",
+            keep_unknown=True,
+        )
         test = evaluate(best, test_set, asr.output_frames, batch_size=cfg.eval_batch_size)
     device = str(trainer.accelerator.device)
     # not_batched: counted before training, over the whole training set (_check_unbatched)
-    skipped = {**dict(skip_log.counts), **{f"replaced_{k}": v for k, v in train_set.replacements().items()}}
+    skipped = {
+        **dict(skip_log.counts),
+        **{f"replaced_{k}": v for k, v in train_set.replacements().items()},
+    }
     report = RunReport(
-        config=cfg, model_class=type(asr.model).__name__, parameters=asr.num_parameters,
+        config=cfg,
+        model_class=type(asr.model).__name__,
+        parameters=asr.num_parameters,
         trainable_parameters=sum(p.numel() for p in asr.model.parameters() if p.requires_grad),
-        pretrained=asr.pretrained, gpu=plan.gpu, device=device,
+        pretrained=asr.pretrained,
+        gpu=plan.gpu,
+        device=device,
         plan_summary=[[k, v] for k, v in plan.summary_rows()],
         predicted_peak_bytes=max(b.predicted_peak_bytes for b in plan.buckets),
         measured_peak_bytes=peak,
-        measured_peak_kind="torch.cuda.max_memory_reserved" if device.startswith("cuda") else CPU_PEAK_KIND,
+        measured_peak_kind="torch.cuda.max_memory_reserved"
+        if device.startswith("cuda")
+        else CPU_PEAK_KIND,
         predicted_audio_seconds_per_second=plan.predicted_throughput_seconds_per_second,
         measured_audio_seconds_per_second=audio_seconds / train_seconds if train_seconds else 0.0,
-        skipped=skipped, epochs=epochs, best_dev_cer=ctx["best_cer"], best_dev_wer=ctx["best_wer"],
-        test=test, wall_seconds=time.perf_counter() - started, best_dir=str(out / "best"),
-        utterances_total=skip_log.total, skipped_total=sum(skipped.values()), nonfinite_steps=nonfinite,
+        skipped=skipped,
+        epochs=epochs,
+        best_dev_cer=ctx["best_cer"],
+        best_dev_wer=ctx["best_wer"],
+        test=test,
+        wall_seconds=time.perf_counter() - started,
+        best_dir=str(out / "best"),
+        utterances_total=skip_log.total,
+        skipped_total=sum(skipped.values()),
+        nonfinite_steps=nonfinite,
         preflight=preflight,
     )
     atomic_write_text(out / "report.json", report.to_json())
     atomic_write_text(out / "report.md", report.markdown())
     if cfg.push_to_hub:
-        _push(out / "best", cfg.push_to_hub)
+        push_to_hub(out / "best", cfg.push_to_hub)
     return report
-
-
-def _push(folder: Path, repo_id: str) -> None:
-    """Upload the best model folder with huggingface_hub (needs a configured token)."""
-    from huggingface_hub import HfApi, get_token
-
-    if get_token() is None:
-        raise ConfigError("--push-to-hub needs a Hugging Face token: run `hf auth login` or set HF_TOKEN.")
-    api = HfApi()
-    api.create_repo(repo_id, exist_ok=True)
-    api.upload_folder(folder_path=str(folder), repo_id=repo_id)
-    logger.info("pushed %s to https://huggingface.co/%s", folder, repo_id)
 
 
 def load_report(out_dir: str | Path) -> dict[str, Any]:

@@ -98,13 +98,24 @@ class RunConfig(JsonDataclass):
                 f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (2 lets a resume "
                 "fall back to the previous checkpoint when the newest is damaged)."
             )
-        ValidationPolicy(max_skipped_fraction=self.max_skipped, duration_tolerance_seconds=self.duration_tolerance)
+        ValidationPolicy(
+            max_skipped_fraction=self.max_skipped,
+            duration_tolerance_seconds=self.duration_tolerance,
+        )
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ConfigError(f"max_seconds={self.max_seconds}: give a positive number of seconds.")
-        if not self.stages or any(not 0 < f <= 1 for f in self.stages) or sorted(self.stages) != self.stages:
-            raise ConfigError(f"stages={self.stages}: give increasing fractions in (0, 1], e.g. 0.1,0.5,1.0.")
+        if (
+            not self.stages
+            or any(not 0 < f <= 1 for f in self.stages)
+            or sorted(self.stages) != self.stages
+        ):
+            raise ConfigError(
+                f"stages={self.stages}: give increasing fractions in (0, 1], e.g. 0.1,0.5,1.0."
+            )
         if self.epochs <= 0 or (self.max_steps is not None and self.max_steps < 1):
-            raise ConfigError(f"epochs={self.epochs}, max_steps={self.max_steps}: must be positive.")
+            raise ConfigError(
+                f"epochs={self.epochs}, max_steps={self.max_steps}: must be positive."
+            )
         if self.target_batch < 1:
             raise ConfigError(f"target_batch={self.target_batch}: must be at least 1.")
 
@@ -175,32 +186,57 @@ class RunReport(JsonDataclass):
 
     def markdown(self) -> str:
         """A short human-readable report."""
-        lines = [f"# asrfit run: {self.config.model}", "",
-                 f"{self.model_class}, {self.parameters / 1e6:.2f} M parameters "
-                 f"({self.trainable_parameters / 1e6:.2f} M trainable), "
-                 f"{'pretrained' if self.pretrained else 'random'} weights; trained on {self.device}.", "",
-                 "## Plan", ""]
+        lines = [
+            f"# asrfit run: {self.config.model}",
+            "",
+            f"{self.model_class}, {self.parameters / 1e6:.2f} M parameters "
+            f"({self.trainable_parameters / 1e6:.2f} M trainable), "
+            f"{'pretrained' if self.pretrained else 'random'} weights; trained on {self.device}.",
+            "",
+            "## Plan",
+            "",
+        ]
         lines += [f"- {k}: {v}" for k, v in self.plan_summary]
-        lines += ["", "## Memory and speed", "",
-                  f"- predicted peak (largest bucket, plan for {self.gpu}): {self.predicted_peak_bytes / 2**30:.2f} GiB",
-                  f"- measured peak ({self.measured_peak_kind}): {self.measured_peak_bytes / 2**30:.2f} GiB",
-                  f"- throughput: predicted {self.predicted_audio_seconds_per_second:.1f}, measured "
-                  f"{self.measured_audio_seconds_per_second:.1f} audio s per s", ""]
+        lines += [
+            "",
+            "## Memory and speed",
+            "",
+            f"- predicted peak (largest bucket, plan for {self.gpu}): {self.predicted_peak_bytes / 2**30:.2f} GiB",
+            f"- measured peak ({self.measured_peak_kind}): {self.measured_peak_bytes / 2**30:.2f} GiB",
+            f"- throughput: predicted {self.predicted_audio_seconds_per_second:.1f}, measured "
+            f"{self.measured_audio_seconds_per_second:.1f} audio s per s",
+            "",
+        ]
         if self.preflight:
             lines += ["## Pre-flight", "", *(f"- {note}" for note in self.preflight), ""]
-        lines += ["## Epochs", "", "| stage | epoch | steps | train loss | dev WER | dev CER | s | predicted s |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Epochs",
+            "",
+            "| stage | epoch | steps | train loss | dev WER | dev CER | s | predicted s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for e in self.epochs:
             wer = f"{100 * e.dev.wer:.1f} %" if e.dev else "-"
             cer = f"{100 * e.dev.cer:.1f} %" if e.dev else "-"
             epoch = str(e.epoch) if e.fraction >= 1 else f"{e.epoch} ({e.fraction:.0%} of it)"
-            lines.append(f"| {e.stage} | {epoch} | {e.steps} | {e.train_loss:.3f} | {wer} | {cer} | {e.wall_seconds:.0f} | "
-                         f"{'-' if e.predicted_seconds is None else f'{e.predicted_seconds:.0f}'} |")
+            lines.append(
+                f"| {e.stage} | {epoch} | {e.steps} | {e.train_loss:.3f} | {wer} | {cer} | {e.wall_seconds:.0f} | "
+                f"{'-' if e.predicted_seconds is None else f'{e.predicted_seconds:.0f}'} |"
+            )
         if self.test is not None:
-            lines += ["", f"Test (best model): WER {100 * self.test.wer:.1f} %, CER {100 * self.test.cer:.1f} %"]
+            lines += [
+                "",
+                f"Test (best model): WER {100 * self.test.wer:.1f} %, CER {100 * self.test.cer:.1f} %",
+            ]
         if self.skipped:
-            lines += ["", "## Skipped", "", f"{self.skipped_total} of {self.utterances_total} training "
-                      "utterances skipped or replaced (each in skipped.jsonl and the log):", ""]
+            lines += [
+                "",
+                "## Skipped",
+                "",
+                f"{self.skipped_total} of {self.utterances_total} training "
+                "utterances skipped or replaced (each in skipped.jsonl and the log):",
+                "",
+            ]
             lines += [f"- {k}: {v}" for k, v in sorted(self.skipped.items())]
         return "\n".join(lines) + "\n"
 

@@ -31,6 +31,7 @@ from asrfit.utils.io import atomic_write_text, disk_full_reason
 
 logger = logging.getLogger(__name__)
 
+
 def parse_save_every(value: str | int | None) -> tuple[int | None, float | None]:
     """``"500"`` -> every 500 steps; ``"30m"`` / ``"30min"`` -> every 30 minutes; ``"0"`` -> never.
 
@@ -45,7 +46,9 @@ def parse_save_every(value: str | int | None) -> tuple[int | None, float | None]
     if unit:
         return None, (number or None)
     if number != int(number):
-        raise ConfigError(f"save_every={value!r}: steps must be a whole number (or add 'm' for minutes).")
+        raise ConfigError(
+            f"save_every={value!r}: steps must be a whole number (or add 'm' for minutes)."
+        )
     return (int(number) or None), None
 
 
@@ -54,10 +57,14 @@ def recover_best(best: Path) -> None:
     tmp, old = best.with_name(best.name + ".tmp"), best.with_name(best.name + ".old")
     if tmp.is_dir() and (tmp / "scores.json").is_file() and not best.exists():
         tmp.rename(best)
-        logger.warning("recovered %s from a complete %s left by an interrupted write", best, tmp.name)
+        logger.warning(
+            "recovered %s from a complete %s left by an interrupted write", best, tmp.name
+        )
     if old.is_dir() and not best.exists():
         old.rename(best)
-        logger.warning("restored the previous %s from %s (its replacement was interrupted)", best, old.name)
+        logger.warning(
+            "restored the previous %s from %s (its replacement was interrupted)", best, old.name
+        )
     for leftover in (tmp, old):
         if leftover.exists():
             shutil.rmtree(leftover, ignore_errors=True)
@@ -81,7 +88,9 @@ def save_best(model: Any, vocab: Any, plan: Any, out: Path, scores: dict[str, An
         _write_model_folder(model, vocab, plan, tmp)
         atomic_write_text(tmp / "scores.json", json.dumps(scores))
     except BaseException as exc:
-        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
+        written = (
+            sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
+        )
         shutil.rmtree(tmp, ignore_errors=True)  # the previous best stays as it was
         reason = disk_full_reason(exc)
         if reason is None:
@@ -120,8 +129,11 @@ def write_clean_manifest(utterances: Sequence[Any], path: Path) -> Path:
     JSONL manifest the planner profiles."""
     rows = []
     for utt in utterances:
-        row: dict[str, Any] = {"audio_filepath": str(Path(utt.source).resolve()), "text": utt.text,
-                               "duration": float(utt.duration_seconds)}
+        row: dict[str, Any] = {
+            "audio_filepath": str(Path(utt.source).resolve()),
+            "text": utt.text,
+            "duration": float(utt.duration_seconds),
+        }
         if utt.offset_seconds:
             row["offset"] = float(utt.offset_seconds)
         rows.append(json.dumps(row, ensure_ascii=False))
@@ -162,4 +174,10 @@ class RunState:
         self.scored.append(f"{stage}:{step}")
 
 
-__all__ = ["RunState", "long_audio_cap_seconds", "parse_save_every", "recover_best", "write_clean_manifest"]
+__all__ = [
+    "RunState",
+    "long_audio_cap_seconds",
+    "parse_save_every",
+    "recover_best",
+    "write_clean_manifest",
+]

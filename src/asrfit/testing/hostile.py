@@ -49,7 +49,11 @@ def write_nonfinite_wav(path: Pathlike, seconds: float = 1.0, sample_rate_hz: in
     """A float WAV whose samples include NaN and +inf (its header is fine)."""
     import soundfile
 
-    x = np.random.default_rng(0).uniform(-0.1, 0.1, int(seconds * sample_rate_hz)).astype(np.float32)
+    x = (
+        np.random.default_rng(0)
+        .uniform(-0.1, 0.1, int(seconds * sample_rate_hz))
+        .astype(np.float32)
+    )
     x[100], x[200], x[300] = np.nan, np.inf, -np.inf
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -61,9 +65,16 @@ def _good_rows(root: Path, num_good: int) -> list[dict[str, object]]:
     rows = []
     for i in range(num_good):
         seconds = 1.0 + 0.05 * (i % 20)
-        audio = write_dummy_audio(root / "audio" / f"good_{i:04d}.wav", duration_seconds=seconds, seed=i)
-        rows.append({"audio_filepath": str(audio.relative_to(root)), "text": GOOD_TEXTS[i % len(GOOD_TEXTS)],
-                     "duration": seconds})
+        audio = write_dummy_audio(
+            root / "audio" / f"good_{i:04d}.wav", duration_seconds=seconds, seed=i
+        )
+        rows.append(
+            {
+                "audio_filepath": str(audio.relative_to(root)),
+                "text": GOOD_TEXTS[i % len(GOOD_TEXTS)],
+                "duration": seconds,
+            }
+        )
     return rows
 
 
@@ -77,7 +88,12 @@ def _case(kind: str, root: Path, rows: list[dict[str, object]]) -> dict[str, obj
     bad: dict[str, object] = {"text": "a lazy dog", "duration": 1.0}
 
     def add(audio: Path | str, **fields: object) -> None:
-        entry = {**bad, "audio_filepath": str(Path(audio).relative_to(root)) if isinstance(audio, Path) else audio}
+        entry = {
+            **bad,
+            "audio_filepath": str(Path(audio).relative_to(root))
+            if isinstance(audio, Path)
+            else audio,
+        }
         entry.update(fields)
         rows.append(entry)
 
@@ -86,35 +102,69 @@ def _case(kind: str, root: Path, rows: list[dict[str, object]]) -> dict[str, obj
         return {"replaced_reason": "non_finite_audio", "hostile_line": line}
     if kind == "huge_duration":
         add(write_dummy_audio(_bad_audio(root, "huge.wav"), duration_seconds=1.0), duration=1e9)
-        return {"skip_reason": "duration_mismatch", "message_words": ["1e+09", "header"], "hostile_line": line}
+        return {
+            "skip_reason": "duration_mismatch",
+            "message_words": ["1e+09", "header"],
+            "hostile_line": line,
+        }
     if kind == "declared_too_short":  # a 20 s file declared 2 s
         add(write_dummy_audio(_bad_audio(root, "long.wav"), duration_seconds=20.0), duration=2.0)
-        return {"skip_reason": "duration_mismatch", "message_words": ["2 s", "20.000"], "hostile_line": line}
+        return {
+            "skip_reason": "duration_mismatch",
+            "message_words": ["2 s", "20.000"],
+            "hostile_line": line,
+        }
     if kind == "declared_too_long":  # a 1 s file declared 20 s with 181 labels
-        add(write_dummy_audio(_bad_audio(root, "short.wav"), duration_seconds=1.0), duration=20.0,
-            text="ab " * 60 + "a")
-        return {"skip_reason": "duration_mismatch", "message_words": ["20 s", "1.000"], "hostile_line": line}
+        add(
+            write_dummy_audio(_bad_audio(root, "short.wav"), duration_seconds=1.0),
+            duration=20.0,
+            text="ab " * 60 + "a",
+        )
+        return {
+            "skip_reason": "duration_mismatch",
+            "message_words": ["20 s", "1.000"],
+            "hostile_line": line,
+        }
     if kind == "empty_file":
         path = _bad_audio(root, "empty.wav")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"")
         add(path)
-        return {"skip_reason": "unreadable_audio", "message_words": ["empty", "0 bytes"], "hostile_line": line}
+        return {
+            "skip_reason": "unreadable_audio",
+            "message_words": ["empty", "0 bytes"],
+            "hostile_line": line,
+        }
     if kind == "bad_header":
         path = _bad_audio(root, "bad.wav")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk" * 20)
         add(path)
-        return {"skip_reason": "unreadable_audio", "message_words": ["header"], "hostile_line": line}
+        return {
+            "skip_reason": "unreadable_audio",
+            "message_words": ["header"],
+            "hostile_line": line,
+        }
     if kind == "missing_file":
         add("audio/not_there.wav")
-        return {"skip_reason": "unreadable_audio", "message_words": ["no such audio file"], "hostile_line": line}
+        return {
+            "skip_reason": "unreadable_audio",
+            "message_words": ["no such audio file"],
+            "hostile_line": line,
+        }
     if kind == "tiny_clip":  # 10 ms
         add(write_dummy_audio(_bad_audio(root, "clip.wav"), duration_seconds=0.01), duration=0.01)
         return {"skip_reason": "too_short", "message_words": ["0.010 s"], "hostile_line": line}
     if kind == "huge_transcript":  # 93,000 characters on 1 s
-        add(write_dummy_audio(_bad_audio(root, "talk.wav"), duration_seconds=1.0), text="abc " * 23250)
-        return {"skip_reason": "too_long_for_ctc", "message_words": ["labels"], "hostile_line": line}
+        add(
+            write_dummy_audio(_bad_audio(root, "talk.wav"), duration_seconds=1.0),
+            text="abc " * 23250,
+        )
+        return {
+            "skip_reason": "too_long_for_ctc",
+            "message_words": ["labels"],
+            "hostile_line": line,
+        }
     if kind == "empty_transcript":
         add(write_dummy_audio(_bad_audio(root, "quiet.wav"), duration_seconds=1.0), text="")
         return {"skip_reason": "empty_transcript", "hostile_line": line}
@@ -126,8 +176,16 @@ def _case(kind: str, root: Path, rows: list[dict[str, object]]) -> dict[str, obj
 
 
 HOSTILE_KINDS = (
-    "nonfinite_audio", "huge_duration", "declared_too_short", "declared_too_long", "empty_file",
-    "bad_header", "missing_file", "tiny_clip", "huge_transcript", "empty_transcript",
+    "nonfinite_audio",
+    "huge_duration",
+    "declared_too_short",
+    "declared_too_long",
+    "empty_file",
+    "bad_header",
+    "missing_file",
+    "tiny_clip",
+    "huge_transcript",
+    "empty_transcript",
     "no_duration_field",
 )
 
@@ -160,8 +218,10 @@ def write_non_utf8_manifest(folder: Pathlike, num_good: int = 5) -> tuple[Path, 
     rows = _good_rows(root, num_good)
     audio = write_dummy_audio(root / "audio" / "latin.wav", duration_seconds=1.0)
     lines = [json.dumps(r).encode("utf-8") for r in rows]
-    lines.append(b'{"audio_filepath": "' + str(audio.relative_to(root)).encode() + b'", "text": "caf\xe9", '
-                 b'"duration": 1.0}')
+    lines.append(
+        b'{"audio_filepath": "' + str(audio.relative_to(root)).encode() + b'", "text": "caf\xe9", '
+        b'"duration": 1.0}'
+    )
     path = root / "manifest.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path, len(lines)

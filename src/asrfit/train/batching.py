@@ -406,3 +406,13 @@ def build_batch_sampler(
         lengths, limit, base_batch_size=base, seed=seed, num_replicas=num_replicas, rank=rank
     )
     return sampler, DataInfo(durations, label_lengths, lengths, limit)
+
+
+def is_map_style(data: Any) -> bool:
+    """Whether ``data`` is a map-style dataset (indexable and sized), not a ``DataLoader``
+    or a list of batches."""
+    from torch.utils.data import DataLoader
+
+    if isinstance(data, (DataLoader, list, tuple)):
+        return False
+    return hasattr(data, "__getitem__") and hasattr(data, "__len__")

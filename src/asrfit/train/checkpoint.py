@@ -306,18 +306,25 @@ def save_trainer_checkpoint(trainer: TrainerLike) -> Path | None:
                 scaler=acc.scaler,
                 config=trainer.config,
                 plan=trainer.plan,
-                extra={"batches_in_epoch": trainer.batches_in_epoch, "ranks": ranks,
-                       "nonfinite": trainer.nonfinite.state_dict(),
-                       "micro_limits": trainer.micro_limits.state_dict(),
-                       "epoch_loss": [float(trainer.epoch_loss_total), int(trainer.epoch_units_total)]},
+                extra={
+                    "batches_in_epoch": trainer.batches_in_epoch,
+                    "ranks": ranks,
+                    "nonfinite": trainer.nonfinite.state_dict(),
+                    "micro_limits": trainer.micro_limits.state_dict(),
+                    "epoch_loss": [float(trainer.epoch_loss_total), int(trainer.epoch_units_total)],
+                },
                 keep_last=trainer.keep_last,
             )
         except Exception as exc:  # raised below, after every process has been told
             failure = exc
-    if acc.num_processes > 1:  # the others wait for the outcome, instead of a collective that never comes
+    if (
+        acc.num_processes > 1
+    ):  # the others wait for the outcome, instead of a collective that never comes
         from accelerate.utils import broadcast_object_list
 
-        told = broadcast_object_list([None if failure is None else f"{type(failure).__name__}: {failure}"])[0]
+        told = broadcast_object_list(
+            [None if failure is None else f"{type(failure).__name__}: {failure}"]
+        )[0]
         if failure is None and told is not None:
             raise CheckpointWriteError(
                 f"process {acc.process_index}: the main process could not write the checkpoint of "
@@ -328,9 +335,7 @@ def save_trainer_checkpoint(trainer: TrainerLike) -> Path | None:
     return path
 
 
-def resume_trainer(
-    trainer: TrainerLike, resume_from: Pathlike, sampler: Any
-) -> tuple[int, bool]:
+def resume_trainer(trainer: TrainerLike, resume_from: Pathlike, sampler: Any) -> tuple[int, bool]:
     """Load a checkpoint into a trainer (and its fresh sampler) to continue exactly.
 
     Returns:
@@ -390,7 +395,9 @@ def _schedule_settings(scheduler: Any) -> list[dict[str, Any]] | None:
     return [{"warmup_steps": f.warmup_steps, "total_steps": f.total_steps} for f in lambdas]
 
 
-def _keep_requested_schedule(scheduler: Any, requested: list[dict[str, Any]] | None, where: Path) -> None:
+def _keep_requested_schedule(
+    scheduler: Any, requested: list[dict[str, Any]] | None, where: Path
+) -> None:
     """After a checkpoint's scheduler state is loaded: keep the schedule this run asked for.
 
     A :class:`~asrfit.train.components.LinearWarmupDecay` saves its warm-up and total steps
@@ -405,14 +412,20 @@ def _keep_requested_schedule(scheduler: Any, requested: list[dict[str, Any]] | N
     for fn, settings in zip(scheduler.lr_lambdas, requested, strict=True):
         fn.__dict__.update(settings)
     step = scheduler.last_epoch
-    rates = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    rates = [
+        base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
     for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
         group["lr"] = rate
     scheduler._last_lr = rates  # what get_last_lr() reports until the next step
     logger.warning(
         "%s: its learning-rate schedule ended at step %s; this run's ends at step %s: "
         "continuing from step %d on this run's schedule (learning rate now %.3g)",
-        where, restored[0]["total_steps"], requested[0]["total_steps"], step, rates[0],
+        where,
+        restored[0]["total_steps"],
+        requested[0]["total_steps"],
+        step,
+        rates[0],
     )
 
 

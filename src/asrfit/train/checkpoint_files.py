@@ -131,7 +131,9 @@ def latest_good_checkpoint(directory: Pathlike) -> Path | None:
             for skipped, why in bad:
                 logger.warning(
                     "%s: passed over: %s; resuming from the previous good checkpoint %s instead",
-                    skipped, why, file,
+                    skipped,
+                    why,
+                    file,
                 )
             return file
         bad.append((file, problem))
@@ -249,6 +251,7 @@ def write_checkpoint_file(obj: Any, dest: Path) -> None:
     with atomic_writer(dest, needed_bytes=_tensor_bytes(obj), digest=digest) as handle:
         torch.save(obj, handle)
     atomic_write_text(checksum_path(dest), f"{digest.hexdigest()}  {dest.name}\n")
+
 
 __all__ = [
     "CHECKPOINT_PATTERN",

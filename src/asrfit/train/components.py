@@ -38,8 +38,6 @@ class MissingDependencyError(AsrfitError, ImportError):
     """An optional package the requested setup needs is not installed."""
 
 
-
-
 class TrainerLike(Protocol):
     """What :mod:`asrfit.train.checkpoint` and :mod:`asrfit.train.preflight` read of a trainer.
 
@@ -74,6 +72,7 @@ class TrainerLike(Protocol):
     @property
     def checkpoint_dir(self) -> Path | None:
         """Where checkpoints go (None: no out_dir)."""
+
 
 @dataclass
 class MicroBatch:

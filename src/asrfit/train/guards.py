@@ -76,8 +76,14 @@ class NonFiniteGuard:
         self.skipped_steps += 1
         self.streak += 1
         self.causes[cause] = self.causes.get(cause, 0) + 1
-        logger.warning("step %d: the %s is NaN or infinite (%s); step skipped (%d in a row, %d in all).",
-                       step, cause, where, self.streak, self.skipped_steps)
+        logger.warning(
+            "step %d: the %s is NaN or infinite (%s); step skipped (%d in a row, %d in all).",
+            step,
+            cause,
+            where,
+            self.streak,
+            self.skipped_steps,
+        )
         if self.streak >= self.max_consecutive:
             raise NonFiniteLossError(
                 f"{self.streak} optimizer steps in a row (the last: step {step}, {where}) had a NaN "
@@ -87,7 +93,11 @@ class NonFiniteGuard:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data for a checkpoint."""
-        return {"skipped_steps": self.skipped_steps, "streak": self.streak, "causes": dict(self.causes)}
+        return {
+            "skipped_steps": self.skipped_steps,
+            "streak": self.streak,
+            "causes": dict(self.causes),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""

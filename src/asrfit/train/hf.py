@@ -68,9 +68,7 @@ def prepare_audio_dataset(dataset: Any, audio_column: str = "audio") -> Any:
     return dataset
 
 
-def add_length_column(
-    dataset: Any, audio_column: str = "audio", name: str = "input_length"
-) -> Any:
+def add_length_column(dataset: Any, audio_column: str = "audio", name: str = "input_length") -> Any:
     """The dataset with a column of utterance lengths in seconds, for the Trainer's
     length-grouped batches (``TrainingConfig.to_training_arguments(length_column=name)``).
 
@@ -99,7 +97,9 @@ def _seconds(cell: Any, row: int) -> float:
     try:
         info = sf.info(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source)
     except (sf.LibsndfileError, RuntimeError, TypeError, OSError) as err:
-        raise ConfigError(f"audio of row {row} ({str(source)[:80]!r}) cannot be read: {err}") from err
+        raise ConfigError(
+            f"audio of row {row} ({str(source)[:80]!r}) cannot be read: {err}"
+        ) from err
     return info.frames / float(info.samplerate)
 
 
@@ -161,8 +161,12 @@ class SpeechCollator:
         )
         if self.text_column is None or self.text_column not in rows[0]:
             self.text_column = text_column_of(list(rows[0]), self.text_column, "a collated row")
-        labels = self.tokenizer([str(row[self.text_column]) for row in rows], padding=True,
-                                return_tensors="pt", return_attention_mask=True)
+        labels = self.tokenizer(
+            [str(row[self.text_column]) for row in rows],
+            padding=True,
+            return_tensors="pt",
+            return_attention_mask=True,
+        )
         ids = labels["input_ids"].masked_fill(labels["attention_mask"] == 0, IGNORE_LABEL)
         return {**batch, "labels": ids}
 

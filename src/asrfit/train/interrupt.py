@@ -105,7 +105,9 @@ class InterruptRequest:
             (Default: SIGTERM and SIGUSR1)
     """
 
-    def __init__(self, stop_signals: Sequence[str | int] | str | None = DEFAULT_STOP_SIGNALS) -> None:
+    def __init__(
+        self, stop_signals: Sequence[str | int] | str | None = DEFAULT_STOP_SIGNALS
+    ) -> None:
         if isinstance(stop_signals, str) or stop_signals is None:
             self.stop_signals = parse_stop_signals(stop_signals)
         else:
@@ -140,7 +142,8 @@ class InterruptRequest:
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
             logger.warning(
                 "%s: finishing this step, then saving a checkpoint to resume from%s",
-                name, " (Ctrl-C again to stop at once, without it)" if signum == signal.SIGINT else "",
+                name,
+                " (Ctrl-C again to stop at once, without it)" if signum == signal.SIGINT else "",
             )
 
         for signum in handled:
@@ -170,7 +173,8 @@ class InterruptRequest:
         if agreed and not self.signal_number:
             logger.warning(
                 "process %d: another process received %s; stopping after this step with it",
-                accelerator.process_index, signal.Signals(agreed).name,
+                accelerator.process_index,
+                signal.Signals(agreed).name,
             )
         return agreed
 

@@ -51,6 +51,7 @@ from asrfit.train.probes import (
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class _BucketStats:
     steps: int = 0

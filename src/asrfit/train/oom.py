@@ -82,7 +82,6 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-
 def split_batch(batch: Any, sizes: Sequence[int]) -> list[Any]:
     """Cut a collated batch along its first dimension into consecutive parts.
 

@@ -258,7 +258,9 @@ def pessimistic_batches(
         return math.ceil(durations[i] * plan.labels_per_second)  # as the sampler assumes
 
     index_of = (
-        {i: plan.bucket_index(durations[i], labels_of(i)) for i in trained} if plan is not None else {}
+        {i: plan.bucket_index(durations[i], labels_of(i)) for i in trained}
+        if plan is not None
+        else {}
     )
 
     def members_and_limit(index: int) -> tuple[list[int], int, int | None]:

@@ -145,8 +145,13 @@ class StepMixin:
         acc = self.accelerator
         for position, micro in enumerate(window):
             micro.origin = position
-        window = presplit(window, self.micro_limits, bucket_of=lambda m: m.bucket,
-                          size_of=lambda m: m.size, split=self._split)
+        window = presplit(
+            window,
+            self.micro_limits,
+            bucket_of=lambda m: m.bucket,
+            size_of=lambda m: m.size,
+            split=self._split,
+        )
         local_units = sum(int(self.units_fn(m.batch)) for m in window)
         (global_units,) = self._reduce_sum([float(local_units)])
         if global_units <= 0:
@@ -174,13 +179,18 @@ class StepMixin:
         else:
             self.optimizer.step()
         with warnings.catch_warnings():  # a skipped step still advances the schedule
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            warnings.filterwarnings(
+                "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
+            )
             if not acc.optimizer_step_was_skipped:
                 self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
-        self.nonfinite.record(cause if bad else None, self.global_step,
-                              "; ".join(where_of(self.dataset, m) for m in window))
+        self.nonfinite.record(
+            cause if bad else None,
+            self.global_step,
+            "; ".join(where_of(self.dataset, m) for m in window),
+        )
         ok_sizes: dict[int, int] = {}
         for piece in report.pieces:
             ok_sizes[piece.origin] = max(ok_sizes.get(piece.origin, 0), piece.size)
@@ -276,5 +286,6 @@ def where_of(dataset: Any, micro: MicroBatch) -> str:
     utterances = getattr(base, "utterances", None)
     if utterances is not None:
         return ", ".join(getattr(utterances[i], "where", str(i)) for i in indices[:4]) + (
-            " ..." if len(indices) > 4 else "")
+            " ..." if len(indices) > 4 else ""
+        )
     return f"indices {indices[:8]}"

@@ -40,6 +40,7 @@ from asrfit.train.batching import (
     DataInfo,
     SkipFirst,
     build_batch_sampler,
+    is_map_style,
     load_batches,
     pad_collate,
 )
@@ -158,7 +159,11 @@ class MemoryEfficientTrainer(StepMixin):
         self.units_fn = units_fn or batch_size_of
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.collate_fn = collate_fn or pad_collate
-        self.keep_last, self.save_every_steps, self.listeners = keep_last, save_every_steps, listeners
+        self.keep_last, self.save_every_steps, self.listeners = (
+            keep_last,
+            save_every_steps,
+            listeners,
+        )
         self.preflight_enabled, self.progress = preflight, progress
         self.log_every_steps, self.seed = max(1, log_every_steps), seed
         self.oom_counter = BucketOOMCounter(oom_limit)
@@ -268,15 +273,7 @@ class MemoryEfficientTrainer(StepMixin):
 
     def _resolve_data(self, data: Any, dataset: Any, durations: Any, label_lengths: Any) -> Any:
         """Return the batch sampler (None for a data loader); set ``_dataset`` and ``info``."""
-        from torch.utils.data import DataLoader
-
-        is_dataset = (
-            dataset is None
-            and not isinstance(data, (DataLoader, list, tuple))
-            and hasattr(data, "__getitem__")
-            and hasattr(data, "__len__")
-        )
-        if is_dataset:
+        if dataset is None and is_map_style(data):
             dataset, data = (
                 data,
                 self.make_sampler(data, durations=durations, label_lengths=label_lengths),
@@ -361,7 +358,9 @@ class MemoryEfficientTrainer(StepMixin):
                 resume = ckpt.resume_trainer(self, resume_from, sampler)
             elif self.global_step == 0 and self.preflight_enabled and sampler is not None:
                 self.preflight()
-            with self.interrupts.installed(self.out_dir is not None, self.accelerator.num_processes):
+            with self.interrupts.installed(
+                self.out_dir is not None, self.accelerator.num_processes
+            ):
                 return self._loop(data, sampler, epochs, total, resume)
         except BaseException:
             self.clear_gradients()  # a failed run leaves nothing for the next step to add to

@@ -64,7 +64,10 @@ def _from_jsonable(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a list, got {value!r}.")
         args = get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
-            return tuple(_from_jsonable(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=False)))
+            return tuple(
+                _from_jsonable(a, v, f"{where}[{i}]")
+                for i, (a, v) in enumerate(zip(args, value, strict=False))
+            )
         item = args[0] if args else Any
         out = [_from_jsonable(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(out) if origin is tuple else out
@@ -139,7 +142,9 @@ class JsonDataclass:
             ConfigError: On an unknown key, a missing required key or a wrong type.
         """
         if not isinstance(data, dict):
-            raise ConfigError(f"{where or cls.__name__}: expected a JSON object, got {type(data).__name__}.")
+            raise ConfigError(
+                f"{where or cls.__name__}: expected a JSON object, got {type(data).__name__}."
+            )
         return _dataclass_from_dict(cls, data, where or cls.__name__)
 
     def to_json(self, indent: int = 2) -> str:

@@ -139,7 +139,9 @@ class ConformerCTCConfig(PretrainedConfig):
             raise self._fail("subsampling_factor", f"must be one of {SUBSAMPLING_FACTORS}")
         channels = self.subsampling_conv_channels
         if channels is not None and (not _is_int(channels) or channels < 1):
-            raise self._fail("subsampling_conv_channels", "must be None (d_model) or an integer >= 1")
+            raise self._fail(
+                "subsampling_conv_channels", "must be None (d_model) or an integer >= 1"
+            )
         for name, closed in (("dropout", False), ("ctc_weight", True)):
             value = getattr(self, name)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -147,16 +149,21 @@ class ConformerCTCConfig(PretrainedConfig):
                 raise self._fail(name, f"must be a number in [0, 1{']' if closed else ')'}")
         value = self.pad_token_id
         if not _is_int(value) or not 0 <= value < self.vocab_size:
-            raise self._fail("pad_token_id", f"must be a token id in [0, vocab_size={self.vocab_size})")
+            raise self._fail(
+                "pad_token_id", f"must be a token id in [0, vocab_size={self.vocab_size})"
+            )
         for name in ("bos_token_id", "eos_token_id") if self.decoder_layers else ():
             value = getattr(self, name)
             if not _is_int(value) or not 0 <= value <= self.vocab_size:
                 raise self._fail(
-                    name, f"must be a token id in [0, vocab_size={self.vocab_size}] (vocab_size: the "
-                    "decoder's own token after the CTC classes)"
+                    name,
+                    f"must be a token id in [0, vocab_size={self.vocab_size}] (vocab_size: the "
+                    "decoder's own token after the CTC classes)",
                 )
             if value == self.pad_token_id:
-                raise self._fail(name, f"must differ from pad_token_id={self.pad_token_id} (the CTC blank)")
+                raise self._fail(
+                    name, f"must differ from pad_token_id={self.pad_token_id} (the CTC blank)"
+                )
 
     def validate_token_ids(self) -> None:
         """No-op: :meth:`_check` validates the ids, allowing ``bos``/``eos`` = ``vocab_size``

@@ -12,7 +12,6 @@ cross-entropy ignores -100. The decoder's vocabulary is
 id ``vocab_size``, after them, so it never stands for a character as well).
 """
 
-
 from __future__ import annotations
 
 import torch
