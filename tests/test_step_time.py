@@ -20,6 +20,11 @@ PUBLISHED_HELD_OUT = 0.076
 # On a shared machine a whole round can run 1.3-1.5x slow (the same section); the best of
 # three interleaved rounds drops most of that, and this allowance takes the rest.
 SHARED_MACHINE_ALLOWANCE = 0.124
+# The published figure is one host's. On other hosts the micro-benchmarks and real steps
+# disagree by one host-wide factor: the CI host ran these three cases 27-30 % faster than
+# predicted (hubert 15.6 ms against 20.3, wavlm 12.8 against 16.3), another 2-core host
+# ran 33 held-out steps a median 28 % slower (docs/step_time.md, "Other hosts").
+OTHER_HOST_ALLOWANCE = 0.30
 
 
 @pytest.mark.slow
@@ -49,4 +54,19 @@ def test_predicted_step_times_are_within_the_published_error() -> None:
         for r, e in zip(rows, errors, strict=True)
     )
     assert len(rows) == 3
-    assert statistics.median(errors) <= PUBLISHED_HELD_OUT + SHARED_MACHINE_ALLOWANCE, table
+    absolute = PUBLISHED_HELD_OUT + SHARED_MACHINE_ALLOWANCE + OTHER_HOST_ALLOWANCE
+    assert statistics.median(errors) <= absolute, table
+    # Relative times decide between setups; the host-wide factor cancels in them. Each time
+    # over the geometric mean of the three, predicted against measured:
+    predicted = [r["predicted_seconds"] for r in rows]
+    measured = [min(r["round_medians"]) for r in rows]
+    relative = [
+        abs(
+            (p / statistics.geometric_mean(predicted)) / (m / statistics.geometric_mean(measured))
+            - 1
+        )
+        for p, m in zip(predicted, measured, strict=True)
+    ]
+    assert statistics.median(relative) <= PUBLISHED_HELD_OUT + SHARED_MACHINE_ALLOWANCE, (
+        "relative errors " + ", ".join(f"{e:.1%}" for e in relative) + "\n" + table
+    )
