@@ -22,8 +22,8 @@ from asrfit.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from asrfit.train.components import warmup_schedule
 from asrfit.train.config import TrainingConfig
+from asrfit.train.schedule import warmup_schedule
 from asrfit.train.trainer import MemoryEfficientTrainer
 
 

@@ -13,14 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from asrfit.errors import ConfigError
+from asrfit.errors import ConfigError, MissingDependencyError
 from asrfit.train.batching import AnalyticBatchSampler, analytic_batch_limit, pad_collate
-from asrfit.train.components import (
-    MissingDependencyError,
-    configure_cuda_allocator,
-    warmup_schedule,
-)
 from asrfit.train.config import TrainingConfig
+from asrfit.train.engines import configure_cuda_allocator
+from asrfit.train.schedule import warmup_schedule
 from asrfit.train.trainer import MemoryEfficientTrainer
 
 

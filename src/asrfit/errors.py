@@ -7,6 +7,10 @@ class AsrfitError(Exception):
     """Base class for every error asrfit raises on bad input."""
 
 
+class MissingDependencyError(AsrfitError, ImportError):
+    """An optional package the requested setup needs is not installed."""
+
+
 class ConfigError(AsrfitError, ValueError):
     """A saved profile, plan or config is malformed (unknown key, wrong type, bad value)."""
 

@@ -196,8 +196,8 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
     import transformers
 
     from asrfit.train.checkpoint import latest_good_checkpoint, load_checkpoint, read_checkpoint
-    from asrfit.train.components import warmup_schedule
     from asrfit.train.config import TrainingConfig
+    from asrfit.train.schedule import warmup_schedule
     from asrfit.train.trainer import MemoryEfficientTrainer
 
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars per epoch

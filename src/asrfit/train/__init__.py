@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "MemoryEfficientTrainer": "asrfit.train.trainer",
-    "TrainSummary": "asrfit.train.components",
+    "TrainSummary": "asrfit.train.records",
     "AdaptiveMemoryCallback": "asrfit.train.callbacks",
     "MemoryMonitor": "asrfit.train.monitor",
     "save_checkpoint": "asrfit.train.checkpoint",
@@ -39,11 +39,11 @@ if TYPE_CHECKING:  # pragma: no cover
         read_checkpoint,
         save_checkpoint,
     )
-    from asrfit.train.components import TrainSummary
     from asrfit.train.interrupt import TrainingInterrupted
     from asrfit.train.monitor import MemoryMonitor
     from asrfit.train.oom import BatchTooLargeError, is_oom
     from asrfit.train.preflight import run_preflight
+    from asrfit.train.records import TrainSummary
     from asrfit.train.trainer import MemoryEfficientTrainer
 
 

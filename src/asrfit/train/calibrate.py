@@ -49,7 +49,7 @@ from asrfit.profiles.calibration import (
     write_calibration,
 )
 from asrfit.profiles.rates import DeviceRates
-from asrfit.train.components import configure_cuda_allocator
+from asrfit.train.engines import configure_cuda_allocator
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from asrfit.train.checkpoint_files import (
     resolve_checkpoint,
     write_checkpoint_file,
 )
-from asrfit.train.components import TrainerLike
+from asrfit.train.protocols import TrainerLike
 from asrfit.utils.io import Pathlike
 
 logger = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ def _keep_requested_schedule(
 ) -> None:
     """After a checkpoint's scheduler state is loaded: keep the schedule this run asked for.
 
-    A :class:`~asrfit.train.components.LinearWarmupDecay` saves its warm-up and total steps
+    A :class:`~asrfit.train.schedule.LinearWarmupDecay` saves its warm-up and total steps
     with the scheduler, so a run resumed with the same length continues its schedule
     exactly. A run resumed to train longer (or shorter) asked for another total: the saved
     one would hold the learning rate at 0 after the old end, so the run's own settings are

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asrfit.train.components import TrainerLike
 from asrfit.train.held_memory import gradient_bytes, held_bytes
 from asrfit.train.oom import KNOBS, BatchTooLargeError, describe_batch, free_memory, is_oom
+from asrfit.train.protocols import TrainerLike
 
 if TYPE_CHECKING:
     from asrfit.plan.plan import Plan

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from asrfit.errors import ConfigError
-from asrfit.train.components import MicroBatch, StepRecord
 from asrfit.train.guards import NonFiniteGuard, presplit, total_grad_norm
 from asrfit.train.interrupt import TrainingInterrupted
 from asrfit.train.oom import (
@@ -30,6 +29,7 @@ from asrfit.train.oom import (
     split_batch,
 )
 from asrfit.train.preflight import predict_batch_bytes
+from asrfit.train.records import MicroBatch, StepRecord
 
 
 class StepMixin:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asrfit.errors import ConfigError
+from asrfit.errors import ConfigError, MissingDependencyError
 from asrfit.models.losses import batch_size_of, default_loss_fn
 from asrfit.train import checkpoint as ckpt
 from asrfit.train.batching import (
@@ -44,20 +44,13 @@ from asrfit.train.batching import (
     load_batches,
     pad_collate,
 )
-from asrfit.train.components import (
-    MicroBatch,
-    MissingDependencyError,
-    ProgressReport,
-    StepRecord,
-    TrainSummary,
+from asrfit.train.engines import (
     build_optimizer,
     configure_cuda_allocator,
     deepspeed_plugin,
     enable_gradient_checkpointing,
     memory_budget_bytes,
     resolve_mixed_precision,
-    warmup_schedule,
-    windows,
 )
 from asrfit.train.guards import MicroBatchLimits, NonFiniteGuard
 from asrfit.train.host_allocator import keep_freed_host_memory
@@ -65,6 +58,9 @@ from asrfit.train.interrupt import DEFAULT_STOP_SIGNALS, InterruptRequest
 from asrfit.train.oom import BucketOOMCounter, OOMEvent
 from asrfit.train.preflight import PreflightResult, preflight_trainer
 from asrfit.train.preflight_limits import apply_preflight
+from asrfit.train.progress import ProgressReport
+from asrfit.train.records import MicroBatch, StepRecord, TrainSummary, windows
+from asrfit.train.schedule import warmup_schedule
 from asrfit.train.step import StepMixin, first_given, length_of, set_dataset_epoch, skip_batches
 from asrfit.utils.io import Pathlike
 
@@ -325,7 +321,7 @@ class MemoryEfficientTrainer(StepMixin):
             label_lengths: Labels per utterance (pre-flight's longest transcript).
 
         Returns:
-            A :class:`~asrfit.train.components.TrainSummary`.
+            A :class:`~asrfit.train.records.TrainSummary`.
 
         Raises:
             ConfigError: A sampler sharded for another world size, an unusable checkpoint, a
