@@ -13,6 +13,12 @@
    (two more traces; :mod:`asrfit.plan.label_buckets`), and the plan says both figures.
 5. Accumulation meets the target effective batch; data-side decisions follow host RAM.
 
+In code, :func:`plan` runs four phases, each with a typed result: the request's inputs
+(:func:`asrfit.plan.inputs.plan_inputs` -> :class:`~asrfit.plan.inputs.PlanInputs`), the
+search over setups with the checkpointing choice (:func:`search_setups` ->
+:class:`SetupSearch`), the bucketing choice (:func:`choose` ->
+:class:`~asrfit.plan.assemble.Choice`), and the plan (:func:`asrfit.plan.assemble.assemble_plan`).
+
 Throughput model (:mod:`asrfit.plan.speed`): each traced shape's kernels (FLOPs and bytes
 per op) are timed by the per-op roofline of :mod:`asrfit.memory.roofline` on the device's
 rates (a catalog GPU's peaks and bandwidth, or this CPU's measured figures,
@@ -26,62 +32,29 @@ import importlib.util
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from asrfit.errors import AsrfitError, ConfigError
-from asrfit.memory.allocator import CUDA_CONTEXT_BYTES
+from asrfit.errors import AsrfitError
 from asrfit.memory.cache import model_key
-from asrfit.memory.report import resolve_adapter
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
-from asrfit.memory.step import SUPPORTED_FAMILIES
+from asrfit.plan.assemble import Candidate, Choice, assemble_plan
 from asrfit.plan.bucketing import plan_buckets
 from asrfit.plan.checkpointing import MAX_LAYER_EVALUATIONS, choose_layers, encoder_layers_of
-from asrfit.plan.costs import (
-    COARSE_TRACES,
-    MAX_REFINE_TRACES,
-    CostEstimator,
-    SetupCosts,
-)
-from asrfit.plan.data_checks import data_warnings
-from asrfit.plan.data_side import data_decisions, offload_warnings
-from asrfit.plan.effective_batch import CHARS_PER_SUBWORD, accumulation, chars_per_second
-from asrfit.plan.fingerprint import fingerprints
-from asrfit.plan.label_buckets import LABEL_PROBE_LOW, LABEL_TRACES, SHORTLIST, choose_across
-from asrfit.plan.long_audio import chunked_sample, long_audio_cap_from_profile
-from asrfit.plan.margin import applied_margin
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
-from asrfit.plan.precision import check_precision, fit_words
+from asrfit.plan.costs import COARSE_TRACES, MAX_REFINE_TRACES, CostEstimator, SetupCosts
+from asrfit.plan.inputs import PlanInputs, check_request, plan_inputs
+from asrfit.plan.label_buckets import LABEL_TRACES, SHORTLIST, choose_across
+from asrfit.plan.plan import Plan
 from asrfit.plan.progress import TraceProgress
 from asrfit.plan.proposals import Shape, nothing_fits_proposals
 from asrfit.plan.screen import refined
-from asrfit.plan.speed import loader_workers, speed_line
-from asrfit.profiles.calibration import calibration_for, rests_on_line
 from asrfit.profiles.host import device_rates
 
 logger = logging.getLogger(__name__)
 
-# Bytes of optimizer-state traffic per trainable parameter and step (read + write).
-OPTIMIZER_TRAFFIC_BYTES = {
-    OptimizerKind.ADAMW: 32,
-    OptimizerKind.ADAMW_8BIT: 14,
-    OptimizerKind.ADAFACTOR: 16,
-    OptimizerKind.SGD: 16,
-}
-
 
 class PlanError(AsrfitError, ValueError):
     """No setup fits, or the request cannot be planned."""
-
-
-@dataclass
-class _Candidate:
-    costs: SetupCosts
-    buckets: list[Bucket]
-    throughput: float
-    epoch_seconds: float
 
 
 def candidate_setups(
@@ -128,28 +101,217 @@ def candidate_setups(
     return setups
 
 
-def _apply_loader(
-    best: _Candidate, data: DataDecisions, world: int, rate: float, warnings: list[str]
-) -> _Candidate:
-    """Set the loader workers from the measured worker rate; slow the plan if loading bounds it."""
-    per_process = best.throughput / world
-    workers, bound = loader_workers(per_process, rate, data.num_workers)
-    if data.num_workers > 0:  # with none allowed, the decision's own reason stands
-        data.reasons.append(
-            f"{workers} loader workers: one decodes + featurises {rate:,.0f} audio s/s here "
-            f"(measured), training takes {per_process:,.0f} per process"
+@dataclass
+class SetupSearch:
+    """The search over setups: what fits, what did not, and why.
+
+    Attributes:
+        candidates: The setups that fit, in search order.
+        rejected: One line per setup that does not fit one utterance of the largest bucket.
+        checkpointing_reasons: Why k layers are checkpointed, per setup that checkpoints k.
+        all_costs: Every setup's costs (for proposals when nothing fits).
+    """
+
+    candidates: list[Candidate] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    checkpointing_reasons: dict[Setup, str] = field(default_factory=dict)
+    all_costs: list[SetupCosts] = field(default_factory=list)
+
+
+@dataclass
+class SetupEvaluator:
+    """Costs of a setup (traced) or of given costs (not traced), and their buckets.
+
+    Calling it returns ``(costs, result)``; ``result`` is None when not even one utterance
+    of the largest bucket fits, else ``(buckets, throughput, epoch seconds)`` per process.
+    """
+
+    inputs: PlanInputs
+    hardware: Any
+    estimator: CostEstimator
+    num_utterances: int
+    exhaustive: bool
+
+    def __call__(self, setup: Setup | SetupCosts, refined: bool = True) -> tuple[SetupCosts, Any]:
+        x = self.inputs
+        cap = None if self.exhaustive else x.batch_cap  # exhaustive: refine every length
+        costs = (
+            setup
+            if isinstance(setup, SetupCosts)
+            else self.estimator.costs(
+                setup,
+                x.max_input,
+                x.labels_per_second / x.frames_per_second,
+                x.architecture,
+                x.usable_bytes if refined else None,
+                cap,
+            )
         )
-    data.num_workers = workers
-    if not bound:
-        return best
-    capacity = max(workers, 1) * rate * world
-    warnings.append(
-        f"data loading bounds the step: {max(workers, 1)} worker(s) per process supply "
-        f"{capacity / world:,.0f} audio s/s, the device could train {per_process:,.0f}; "
-        "cache decoded features or add CPUs"
+        buckets = plan_buckets(
+            costs,
+            self.hardware,
+            x.durations,
+            x.usable_bytes,
+            x.frames_per_second,
+            x.labels_per_second,
+            x.edge_max_seconds,
+            x.batch_cap,
+            self.num_utterances,
+        )
+        return costs, buckets
+
+
+def search_setups(
+    evaluate: SetupEvaluator,
+    *,
+    precision: str | None,
+    freeze_feature_encoder: bool,
+    progress: TraceProgress | None,
+) -> SetupSearch:
+    """Every candidate setup's fit, then how many layers to checkpoint; with CPU offload
+    only when nothing fits without it."""
+    x, estimator, hardware = evaluate.inputs, evaluate.estimator, evaluate.hardware
+    exhaustive = evaluate.exhaustive
+    found = SetupSearch()
+    layers = encoder_layers_of(x.adapter, x.profile.config)
+    skip = (lambda: progress.skip(MAX_REFINE_TRACES)) if progress is not None else None
+    for offload in (False, True):
+        setups = candidate_setups(hardware, precision, x.world, freeze_feature_encoder, offload)
+        # at most: the refined groups, one state trace per optimizer, and what choosing how many
+        # layers to checkpoint may trace (the unused part is skipped after the choice)
+        per_choice = (
+            MAX_LAYER_EVALUATIONS * (COARSE_TRACES + MAX_REFINE_TRACES + 1) if layers else 0
+        )
+        if progress is not None:
+            groups = {(s.precision, s.gradient_checkpointing) for s in setups}
+            states = {(s.precision, s.optimizer) for s in setups}
+            progress.expect(
+                (COARSE_TRACES + MAX_REFINE_TRACES) * len(groups) + len(states) + per_choice
+            )
+        without: list[tuple[Setup, SetupCosts, Any]] = []  # setups without checkpointing
+        # every group's coarse traces and every optimizer's state, side by side where this
+        # host has the cores (asrfit.plan.parallel); the search below finds them traced
+        estimator.prefetch_screening(setups, x.max_input, x.labels_per_second / x.frames_per_second)
+        for setup, costs, result in refined(setups, evaluate, exhaustive, skip):
+            found.all_costs.append(costs)
+            if not setup.gradient_checkpointing:
+                without.append((setup, costs, result))
+            if result is None:
+                edge = x.edge_max_seconds
+                need = costs.reserved_bytes(1, x.max_input, math.ceil(edge * x.labels_per_second))
+                found.rejected.append(
+                    f"{setup.describe()}: needs {need / 2**30:.2f} GiB for one {edge:g} s utterance"
+                )
+                continue
+            buckets, throughput, epoch = result
+            found.candidates.append(
+                Candidate(costs, buckets, throughput * x.world, epoch / x.world)
+            )
+        if without:
+            _checkpoint_some_layers(found, without, evaluate, layers, per_choice, progress)
+        if found.candidates:
+            break
+    return found
+
+
+def _checkpoint_some_layers(
+    found: SetupSearch,
+    without: list[tuple[Setup, SetupCosts, Any]],
+    evaluate: SetupEvaluator,
+    layers: int,
+    per_choice: int,
+    progress: TraceProgress | None,
+) -> None:
+    """Checkpointing k of L layers, for one base: the fastest setup without checkpointing (the
+    first in search order when none fits); other optimizers change the model states, not which
+    layers are worth recomputing, and one choice keeps the traces few."""
+    x = evaluate.inputs
+    fitting = [w for w in without if w[2] is not None]
+    base = max(fitting, key=lambda w: w[2][1]) if fitting else without[0]
+    before = progress.done if progress is not None else 0
+
+    def for_layers(setup: Setup | SetupCosts) -> tuple[SetupCosts, Any]:
+        # the all-layers setup only anchors the predictions: its coarse traces (made by the
+        # screening) are enough; every k the choice keeps is traced in full
+        full = isinstance(setup, Setup) and setup.gradient_checkpointing and not evaluate.exhaustive
+        return evaluate(setup, not full)
+
+    partial = choose_layers(
+        base[0],
+        (base[1], base[2]),
+        for_layers,
+        layers,
+        device_rates(evaluate.hardware),
+        x.batch_cap,
     )
-    return _Candidate(
-        best.costs, best.buckets, capacity, best.epoch_seconds * best.throughput / capacity
+    if progress is not None:
+        progress.skip(per_choice - (progress.done - before))
+    if partial is not None:
+        found.checkpointing_reasons[partial.costs.setup] = partial.reason(x.world)
+        buckets, throughput, epoch = partial.result
+        found.candidates.append(
+            Candidate(partial.costs, buckets, throughput * x.world, epoch / x.world)
+        )
+
+
+def nothing_fits(x: PlanInputs, found: SetupSearch, hardware: Any, expandable: bool) -> PlanError:
+    """The error when no setup fits, with what would fit, checked by the simulator."""
+    gpu = hardware.spec.name if hardware.spec else hardware.source
+    proposals = nothing_fits_proposals(
+        adapter=x.adapter,
+        profile=x.profile,
+        costs=found.all_costs,
+        usable_bytes=x.usable_bytes,
+        shape=Shape(x.frames_per_second, x.labels_per_second),
+        longest_seconds=x.edge_max_seconds,
+        target_batch=x.batch_cap or 1,
+        architecture=x.architecture,
+        expandable=expandable,
+        gpu=gpu,
+    )
+    return PlanError(
+        f"{x.adapter.name} does not fit {x.usable_bytes / 2**30:.2f} GiB usable on {x.world} x "
+        f"{gpu} even at batch 1 of {x.edge_max_seconds:g} s. Tried:\n  "
+        + "\n  ".join(found.rejected)
+        + "\nWhat would fit: a shorter --max-seconds (long utterances are then chunked), the "
+        "8-bit optimizer, ZeRO-3 with CPU offload, more GPUs (--world-size), or a GPU with more "
+        "memory.\nProposals (checked by the simulator):\n  " + "\n  ".join(proposals)
+    )
+
+
+def choose(found: SetupSearch, evaluate: SetupEvaluator, dataset: Any, bucketing: str) -> Choice:
+    """The fastest setup once duration x label buckets have had their say."""
+    x = evaluate.inputs
+    candidates = sorted(found.candidates, key=lambda c: -c.throughput)
+    at, (chosen_costs, chosen, dims, reason) = choose_across(
+        candidates,
+        x.world,
+        evaluate.estimator,
+        evaluate.hardware,
+        x.durations,
+        x.paired_labels,
+        x.usable_bytes,
+        x.frames_per_second,
+        x.labels_per_second,
+        x.edge_max_seconds,
+        x.batch_cap,
+        dataset.num_utterances,
+        bucketing,
+    )
+    candidates.insert(0, candidates.pop(at))  # the chosen first, the others as alternatives
+    best = candidates[0]
+    setup = best.costs.setup
+    if dims == "2d":
+        buckets, throughput, epoch = chosen
+        best = Candidate(chosen_costs, buckets, throughput * x.world, epoch / x.world)
+    return Choice(
+        setup=setup,
+        best=best,
+        alternatives=candidates[1:],
+        dims=dims,
+        bucketing_reason=reason,
+        checkpointing_reason=found.checkpointing_reasons.get(setup, ""),
+        rejected=found.rejected,
     )
 
 
@@ -210,259 +372,59 @@ def plan(
         ConfigError: On invalid arguments.
     """
     started = time.perf_counter()
-    if long_utterances not in ("chunk", "filter"):
-        raise ConfigError(f"long_utterances={long_utterances!r}: use 'chunk' or 'filter'.")
-    if target_hours is not None and target_hours <= 0:
-        raise ConfigError(f"target_hours={target_hours}: must be positive.")
-    if target_effective_batch is not None and target_effective_batch < 1:
-        raise ConfigError(f"target_effective_batch={target_effective_batch}: must be at least 1.")
-    if bucketing not in ("auto", "1d", "2d"):
-        raise ConfigError(f"bucketing={bucketing!r}: use 'auto', '1d' or '2d'.")
-    check_precision(precision, hardware)
-    world = world_size or max(1, hardware.num_gpus)
-    adapter, profile = resolve_adapter(model, freeze_feature_encoder=freeze_feature_encoder)
-    if profile is None:
-        raise ConfigError(
-            f"plan needs a model name or config, not {type(model).__name__}; families: {SUPPORTED_FAMILIES}."
-        )
-    rate = float(profile.input_frames_per_second or 16000)
-    durations = np.asarray(
-        dataset.duration_sample_seconds or [dataset.duration_max_seconds], dtype=float
+    check_request(long_utterances, target_hours, target_effective_batch, bucketing)
+    x = plan_inputs(
+        hardware,
+        dataset,
+        model,
+        target_effective_batch=target_effective_batch,
+        target_hours=target_hours,
+        precision=precision,
+        world_size=world_size,
+        long_utterances=long_utterances,
+        max_seconds=max_seconds,
+        freeze_feature_encoder=freeze_feature_encoder,
     )
-    longest = float(max(dataset.duration_max_seconds, durations.max()))
-    edge_max = float(max_seconds) if max_seconds is not None else longest
-    if max_seconds is None:  # the long-audio rule (asrfit.plan.long_audio)
-        cap, reason = long_audio_cap_from_profile(dataset.duration_p90_seconds, longest)
-        if cap is not None:
-            edge_max = cap
-            logger.warning("long audio: %s", reason)
-    if profile.max_input_seconds:
-        edge_max = min(edge_max, float(profile.max_input_seconds))
-    chars = np.asarray(dataset.text_chars_sample or [dataset.text_chars_mean], dtype=float)
-    subword = (profile.vocab_size or 0) > 64
-    cps = chars_per_second(chars, durations, profile.encoder_frames_per_second, subword)
-    labels_per_second = cps / CHARS_PER_SUBWORD if subword else cps
-    paired = None  # label lengths paired with the sampled durations, for 2-D buckets
-    if dataset.text_chars_sample and len(dataset.text_chars_sample) == durations.size:
-        paired = np.ceil(chars / CHARS_PER_SUBWORD) if subword else chars
-    if long_utterances == "chunk" and durations.max() > edge_max:
-        # training cuts them into pieces, which the buckets must hold (else the sampler drops them)
-        durations, paired = chunked_sample(durations, paired, edge_max)
-    usable, margin_reason = applied_margin(int(hardware.usable_bytes), hardware.safety_margin)
-    calibration = calibration_for(hardware)
-    if calibration is not None:  # what real steps here held beyond the trace, kept free
-        usable -= calibration[0].unmodelled_bytes(usable)
-    if hardware.num_gpus == 0:
-        usable = max(
-            0, usable - CUDA_CONTEXT_BYTES
-        )  # planning for CPU RAM: no context, keep it simple
-    arch = hardware.spec.architecture if hardware.spec is not None else None
     estimator = CostEstimator(
-        adapter,
-        model_key(adapter.name + repr(profile.config)),
-        profile.trainable_params,
-        max(1, round(rate)),
+        x.adapter,
+        model_key(x.adapter.name + repr(x.profile.config)),
+        x.profile.trainable_params,
+        max(1, round(x.frames_per_second)),
     )
-    batch_cap = None
-    if target_hours is None and target_effective_batch is not None:
-        batch_cap = max(1, math.ceil(target_effective_batch / world))
-
-    max_input = max(1, round(edge_max * rate))
-
-    def evaluate(setup: Setup | SetupCosts, refined: bool = True) -> tuple[SetupCosts, Any]:
-        """Costs (traced for a Setup; given costs are bucketed as they are) and buckets."""
-        cap = None if exhaustive else batch_cap  # the exhaustive search refines every length
-        costs = (
-            setup
-            if isinstance(setup, SetupCosts)
-            else estimator.costs(
-                setup, max_input, labels_per_second / rate, arch, usable if refined else None, cap
-            )
-        )
-        args = (durations, usable, rate, labels_per_second, edge_max, batch_cap)
-        return costs, plan_buckets(costs, hardware, *args, dataset.num_utterances)
-
-    candidates: list[_Candidate] = []
-    tried: list[str] = []
-    layers, ckpt_reasons, all_costs = encoder_layers_of(adapter, profile.config), {}, []
     estimator.progress = progress
     estimator.expandable_segments = expandable_segments
     if progress is not None:
-        progress.frames_per_second = rate
+        progress.frames_per_second = x.frames_per_second
         progress.expect(0 if bucketing == "1d" else LABEL_TRACES * SHORTLIST)
-    skip = (lambda: progress.skip(MAX_REFINE_TRACES)) if progress is not None else None
-    for offload in (False, True):
-        setups = candidate_setups(hardware, precision, world, freeze_feature_encoder, offload)
-        # at most: the refined groups, one state trace per optimizer, and what choosing how many
-        # layers to checkpoint may trace (the unused part is skipped after the choice)
-        per_choice = (
-            MAX_LAYER_EVALUATIONS * (COARSE_TRACES + MAX_REFINE_TRACES + 1) if layers else 0
-        )
-        if progress is not None:
-            groups = {(s.precision, s.gradient_checkpointing) for s in setups}
-            states = {(s.precision, s.optimizer) for s in setups}
-            progress.expect(
-                (COARSE_TRACES + MAX_REFINE_TRACES) * len(groups) + len(states) + per_choice
-            )
-        without: list[tuple[Setup, SetupCosts, Any]] = []  # setups without checkpointing
-        # every group's coarse traces and every optimizer's state, side by side where this
-        # host has the cores (asrfit.plan.parallel); the search below finds them traced
-        estimator.prefetch_screening(setups, max_input, labels_per_second / rate)
-        for setup, costs, result in refined(setups, evaluate, exhaustive, skip):
-            all_costs.append(costs)
-            if not setup.gradient_checkpointing:
-                without.append((setup, costs, result))
-            if result is None:
-                need = costs.reserved_bytes(1, max_input, math.ceil(edge_max * labels_per_second))
-                tried.append(
-                    f"{setup.describe()}: needs {need / 2**30:.2f} GiB for one {edge_max:g} s utterance"
-                )
-                continue
-            buckets, throughput, epoch = result
-            candidates.append(_Candidate(costs, buckets, throughput * world, epoch / world))
-        # checkpointing k of L layers, for one base: the fastest setup without checkpointing
-        # (the first in search order when none fits); other optimizers change the model states,
-        # not which layers are worth recomputing, and one choice keeps the traces few
-        if without:
-            fitting = [w for w in without if w[2] is not None]
-            base = max(fitting, key=lambda w: w[2][1]) if fitting else without[0]
-            before = progress.done if progress is not None else 0
-
-            def for_layers(x: Setup | SetupCosts) -> tuple[SetupCosts, Any]:
-                # the all-layers setup only anchors the predictions: its coarse traces (made by
-                # the screening) are enough; every k the choice keeps is traced in full
-                full = isinstance(x, Setup) and x.gradient_checkpointing and not exhaustive
-                return evaluate(x, not full)
-
-            partial = choose_layers(
-                base[0], (base[1], base[2]), for_layers, layers, device_rates(hardware), batch_cap
-            )
-            if progress is not None:
-                progress.skip(per_choice - (progress.done - before))
-            if partial is not None:
-                ckpt_reasons[partial.costs.setup] = partial.reason(world)
-                candidates.append(
-                    _Candidate(
-                        partial.costs,
-                        partial.result[0],
-                        partial.result[1] * world,
-                        partial.result[2] / world,
-                    )
-                )
-        if candidates:
-            break
-    if not candidates:
+    evaluate = SetupEvaluator(x, hardware, estimator, dataset.num_utterances, exhaustive)
+    found = search_setups(
+        evaluate,
+        precision=precision,
+        freeze_feature_encoder=freeze_feature_encoder,
+        progress=progress,
+    )
+    if not found.candidates:
         if progress is not None:
             progress.close()
-        raise PlanError(
-            f"{adapter.name} does not fit {usable / 2**30:.2f} GiB usable on {world} x "
-            f"{hardware.spec.name if hardware.spec else hardware.source} even at batch 1 of {edge_max:g} s. Tried:\n  "
-            + "\n  ".join(tried)
-            + "\nWhat would fit: a shorter --max-seconds (long utterances are then chunked), the 8-bit optimizer, "
-            "ZeRO-3 with CPU offload, more GPUs (--world-size), or a GPU with more memory."
-            + "\nProposals (checked by the simulator):\n  "
-            + "\n  ".join(
-                nothing_fits_proposals(
-                    adapter=adapter,
-                    profile=profile,
-                    costs=all_costs,
-                    usable_bytes=usable,
-                    shape=Shape(rate, labels_per_second),
-                    longest_seconds=edge_max,
-                    target_batch=batch_cap or 1,
-                    architecture=arch,
-                    expandable=expandable_segments,
-                    gpu=hardware.spec.name if hardware.spec else hardware.source,
-                )
-            )
-        )
-    candidates.sort(key=lambda c: -c.throughput)
-    at, (chosen_costs, chosen, dims, bucketing_reason) = choose_across(
-        candidates,
-        world,
-        estimator,
-        hardware,
-        durations,
-        paired,
-        usable,
-        rate,
-        labels_per_second,
-        edge_max,
-        batch_cap,
-        dataset.num_utterances,
-        bucketing,
-    )
-    candidates.insert(0, candidates.pop(at))  # the chosen first, the others as alternatives
-    best = candidates[0]
-    setup = best.costs.setup
+        raise nothing_fits(x, found, hardware, expandable_segments)
+    choice = choose(found, evaluate, dataset, bucketing)
     if progress is not None:
         progress.close()
-    if dims == "2d":
-        best = _Candidate(chosen_costs, chosen[0], chosen[1] * world, chosen[2] / world)
-    accum, eff_utts, eff_hours, warnings = accumulation(
-        best.buckets, world, target_effective_batch, target_hours
+    result = assemble_plan(
+        x,
+        choice,
+        hardware,
+        dataset,
+        target_effective_batch=target_effective_batch,
+        target_hours=target_hours,
+        num_nodes=num_nodes,
+        long_utterances=long_utterances,
+        expandable_segments=expandable_segments,
+        loader_audio_seconds_per_second=loader_audio_seconds_per_second,
     )
-    data = data_decisions(dataset, hardware, world, long_utterances, edge_max)
-    warnings += data_warnings(dataset, profile)
-    warnings += offload_warnings(best.costs.offloaded_bytes, world // num_nodes, hardware)
-    if loader_audio_seconds_per_second is not None:
-        best = _apply_loader(best, data, world, loader_audio_seconds_per_second, warnings)
-    if data.long_utterance_fraction > 0 and long_utterances == "filter":
-        warnings.append(
-            f"{data.long_utterance_fraction:.1%} of utterances are longer than {edge_max:g} s and will be dropped"
-        )
-    rests_on = [
-        f"memory: fake-tensor simulations of {adapter.name} (cached per setup); "
-        f"{fit_words(best.costs.memory)}; reserved = allocator model (asrfit.memory.allocator)",
-        speed_line(best.costs, device_rates(hardware)),
-        f"labels: {labels_per_second:.1f} per second (95th percentile of the dataset's transcripts)",
-        margin_reason,
-        rests_on_line(calibration, hardware),
-    ]
-    if dims == "2d":
-        rests_on.append(
-            "label ranges: memory, FLOPs and step time moved off labels = "
-            f"{labels_per_second:.1f}/s x duration by two traces at {LABEL_PROBE_LOW:g} of those "
-            "labels (asrfit.plan.label_buckets)"
-        )
-    if setup.zero_stage or world > 1:
-        rests_on.append("ZeRO / DDP model states by formula (asrfit.memory.zero)")
     logger.info(
         "planned in %.1f s (%d new simulations)",
         time.perf_counter() - started,
         estimator.simulations,
     )
-    return Plan(
-        model=adapter.name,
-        gpu=hardware.spec.name if hardware.spec is not None else hardware.source,
-        usable_bytes=usable,
-        setup=setup,
-        buckets=best.buckets,
-        gradient_accumulation_steps=accum,
-        target_effective_batch=f"{target_hours:g} hours"
-        if target_hours is not None
-        else f"{target_effective_batch} utterances",
-        effective_batch_utterances=eff_utts,
-        effective_batch_hours=eff_hours,
-        predicted_throughput_seconds_per_second=best.throughput,
-        predicted_epoch_seconds=best.epoch_seconds,
-        cost_model=best.costs.memory,
-        data=data,
-        expandable_segments=expandable_segments,
-        input_frames_per_second=rate,
-        labels_per_second=labels_per_second,
-        model_state_offset_bytes=best.costs.sharded_state_bytes - best.costs.model_state_bytes,
-        optimizer_peak_bytes=best.costs.optimizer_peak_bytes,
-        architecture=arch,
-        alternatives=[
-            f"{c.costs.setup.describe()}: {c.throughput:,.1f} audio s/s" for c in candidates[1:6]
-        ],
-        warnings=warnings,
-        rests_on=rests_on,
-        rejected=tried,
-        checkpointing_reason=ckpt_reasons.get(setup, ""),
-        bucketing=dims,
-        bucketing_reason=bucketing_reason,
-        num_nodes=num_nodes,
-        fingerprints=fingerprints(hardware, dataset, profile),
-    )
+    return result
