@@ -217,7 +217,8 @@ def test_train_end_to_end_with_nan_audio(tmp_path):
 
 def test_five_minute_file_is_chunked_by_the_plans_rule(tmp_path, asr):
     """The plan sees 11 chunks of at most 30 s (no 300 s bucket), listed in train.clean.jsonl."""
-    from asrfit.recipes.run import RunConfig, _plan
+    from asrfit.recipes.run import RunConfig
+    from asrfit.recipes.run_data import plan_for
 
     manifest = _hostile_run(tmp_path, with_long_file=True)
     model, vocab = asr
@@ -233,7 +234,7 @@ def test_five_minute_file_is_chunked_by_the_plans_rule(tmp_path, asr):
         target_batch=4,
     )
     (tmp_path / "run").mkdir()
-    plan, _ = _plan(cfg, model, data, cap)
+    plan, _ = plan_for(cfg, model, data, cap)
     assert plan.data.max_seconds == 30.0 and max(b.max_seconds for b in plan.buckets) <= 30.0
     clean = [
         json.loads(x) for x in (tmp_path / "run" / "train.clean.jsonl").read_text().splitlines()

@@ -387,6 +387,21 @@ def resume_trainer(trainer: TrainerLike, resume_from: Pathlike, sampler: Any) ->
     return restore_sampler(sampler, saved, trainer.batches_in_epoch)
 
 
+def restore_weights(trainer: TrainerLike, saved: dict[str, Any], *, position: bool = False) -> None:
+    """Load a read checkpoint's weights into a trainer's model, without its optimizer, schedule,
+    sampler or random state (to score an epoch whose checkpoint was written but not scored, or
+    to start the next stage from a finished one).
+
+    Args:
+        trainer: The trainer.
+        saved: The checkpoint as :func:`read_checkpoint` returns it.
+        position: Also take the checkpoint's step and epoch.
+    """
+    trainer.unwrapped_model.load_state_dict(saved["model"])
+    if position:
+        trainer.global_step, trainer.epoch = int(saved["step"]), int(saved["epoch"])
+
+
 def _schedule_settings(scheduler: Any) -> list[dict[str, Any]] | None:
     """The warm-up and total steps of each of a ``LambdaLR``'s schedule objects (None: none)."""
     lambdas = getattr(scheduler, "lr_lambdas", None)
