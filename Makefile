@@ -73,7 +73,7 @@ demo-speech: $(VENV)/.installed $(VENV)/.kenlm
 	$(BIN)/asrfit demo-data --speech $(SPEECH_DIR) --workers 2 --overwrite
 	$(BIN)/asrfit train --model $(SPEECH_MODEL) --data $(SPEECH_DIR)/train.jsonl --dev $(SPEECH_DIR)/dev.jsonl \
 		--test $(SPEECH_DIR)/test.jsonl --gpu auto --out $(SPEECH_RUN) --random-init $(SPEECH_TRAIN_ARGS)
-	$(BIN)/python bench/speech_demo.py --run $(SPEECH_RUN) --data $(SPEECH_DIR) --out docs/benchmarks.md
+	$(BIN)/python -m bench speech_demo --run $(SPEECH_RUN) --data $(SPEECH_DIR) --out docs/benchmarks.md
 	$(BIN)/asrfit report $(SPEECH_RUN)
 
 # -rs lists every skipped test with its reason at the end: on a machine without a GPU only
@@ -88,13 +88,9 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check src tests bench
 
 # Benchmarks write their sections of docs/benchmarks.md (the command sits beside each figure).
+# The headline set and its order: bench/__main__.py (HEADLINE); `python -m bench --list` lists all.
 bench: $(VENV)/.installed
-	$(BIN)/python bench/memory_accuracy.py --out docs/benchmarks.md
-	$(BIN)/python bench/sampler_efficiency.py --out docs/benchmarks.md
-	$(BIN)/python bench/plan_speed.py --out docs/benchmarks.md
-	$(BIN)/python bench/step_time_accuracy.py --out docs/benchmarks.md
-	$(BIN)/python bench/host_allocator.py --out docs/benchmarks.md
-	$(BIN)/python bench/profile_speed.py
+	$(BIN)/python -m bench headline
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) $(DEMO_RUN) $(SPEECH_DIR) $(SPEECH_RUN) build dist src/*.egg-info

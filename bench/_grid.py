@@ -34,15 +34,16 @@ from typing import Any
 
 import torch
 import transformers
-from _report import write_section  # noqa: F401  (re-exported for the grid scripts)
-from _truth import storage_bytes
 from torch import nn
 from torch.autograd import DeviceType
 
 from asrfit.memory.adapters import BatchShape, padded_attention_mask
 from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.real_step import float_dtype
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
-from asrfit.memory.simulate import _default_dtype, _float_dtype
+from asrfit.memory.simulate import default_dtype
+from bench._report import write_section  # noqa: F401  (re-exported for the grid scripts)
+from bench._truth import storage_bytes
 
 SAMPLE_RATE = 16_000
 MEL_FRAMES_PER_SECOND = 100
@@ -292,7 +293,7 @@ def build_real_model(case: Case, device: str = "cpu") -> nn.Module:
     if getattr(cls, "_supports_sdpa", False):
         config._attn_implementation = "sdpa"  # as training loads models (and the simulator)
     torch.manual_seed(0)
-    with _default_dtype(_float_dtype(case.setup)):
+    with default_dtype(float_dtype(case.setup)):
         model = cls(config)
     if hasattr(model, "freeze_feature_encoder"):
         model.freeze_feature_encoder()
@@ -314,7 +315,7 @@ def make_real_inputs(case: Case, config: Any, device: str = "cpu") -> dict[str, 
     are the adapter's padded-batch mask; audio and features are standard normal noise.
     """
     b, n, u = case.batch_size, case.input_length, case.label_length
-    dtype = _float_dtype(case.setup)
+    dtype = float_dtype(case.setup)
     gen = torch.Generator().manual_seed(0)
     labels = torch.randint(1, max(2, config.vocab_size - 1), (b, u), generator=gen)
     if case.arch.startswith("whisper"):

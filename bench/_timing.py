@@ -18,7 +18,6 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import _grid
 import torch
 
 from asrfit.memory.adapters import hf_adapter
@@ -27,6 +26,7 @@ from asrfit.memory.runtime import StepCost, seconds_by_kind, step_seconds
 from asrfit.memory.simulate import simulate_step
 from asrfit.profiles.rates import DeviceRates
 from asrfit.train.host_allocator import keep_freed_host_memory
+from bench import _grid
 
 
 @dataclass

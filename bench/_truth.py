@@ -241,15 +241,14 @@ def measure_adapter_step(
     ``bitsandbytes.optim.AdamW8bit`` (the simulator models its state).
     """
     from asrfit.memory.optimizers import make_optimizer
+    from asrfit.memory.real_step import build_model, float_dtype
     from asrfit.memory.setup import OptimizerKind, Precision
-    from asrfit.memory.simulate import _build, _default_dtype, _float_dtype
 
     if threads is not None:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    dtype = _float_dtype(setup)
-    with _default_dtype(dtype):
-        model = _build(adapter, setup)
+    dtype = float_dtype(setup)
+    model = build_model(adapter, setup)
     params = [p for p in model.parameters() if p.requires_grad]
     if setup.optimizer is OptimizerKind.ADAMW_8BIT:
         # the real bitsandbytes optimizer, not the simulator's model of its state

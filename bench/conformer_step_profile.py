@@ -1,6 +1,6 @@
 """Where a step of the built-in Conformer goes on this CPU: predicted vs measured, per op.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/conformer_step_profile.py --batch 8 --frames 600``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench conformer_step_profile --batch 8 --frames 600``
 
 Simulates one step of conformer-ctc-tiny (fp32 AdamW, padded batch) and prints the
 step-time model's prediction by op kind (``asrfit.memory.runtime.seconds_by_kind``, this

@@ -1,6 +1,6 @@
 """CPU convolution scratch: measured inside single real convolutions, beside asrfit's rules.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/cpu_conv_scratch.py [--threads N]``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench cpu_conv_scratch [--threads N]``
 
 Each row runs one convolution (forward, then backward for the input and the weight) on
 real CPU tensors under ``torch.profiler`` with memory events, and reports the bytes the

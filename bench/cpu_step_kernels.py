@@ -1,7 +1,7 @@
 """The built-in Conformer's CPU training step: each of asrfit's CPU kernel choices of
 2026-11-27 (evening) against what it replaced.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/cpu_step_kernels.py --out docs/benchmarks.md``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench cpu_step_kernels --out docs/benchmarks.md``
 
 One process, conformer-ctc-small as the speech demo trains it (dropout 0.1, 64-channel
 subsampling), one fp32 training step (forward, CTC loss, backward, clipping at 1.0, AdamW) on
@@ -27,7 +27,6 @@ import argparse
 import datetime
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -39,11 +38,9 @@ from asrfit.models.conformer import layers as L
 from asrfit.models.conformer.config import conformer_config
 from asrfit.models.conformer.modeling import ConformerForCTC
 from asrfit.train.host_allocator import keep_freed_host_memory
+from bench._report import write_section
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _report import write_section  # noqa: E402
-
-COMMAND = "PYTHONPATH=src .venv/bin/python bench/cpu_step_kernels.py --out docs/benchmarks.md"
+COMMAND = "PYTHONPATH=src .venv/bin/python -m bench cpu_step_kernels --out docs/benchmarks.md"
 VARIANTS = ("before", "+ float masks", "+ channels-last convolutions", "+ fused AdamW")
 NEW = (
     D.dropout,
@@ -58,14 +55,14 @@ NEW = (
 def _where_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
-    if not D._fast(x, p):
+    if not D.uses_fast_path(x, p):
         return F.dropout(x, p, training=True)
     drop, scale = D.drop_mask(x.shape, p, x.device)
     return torch.where(drop, 0.0, x) * scale
 
 
 def _masked_fill_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False):  # noqa: ANN001, ANN202
-    if not D._fast(query, dropout_p) or is_causal:
+    if not D.uses_fast_path(query, dropout_p) or is_causal:
         return NEW[1](query, key, value, attn_mask, dropout_p, is_causal)
     scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-2, -1))
     if attn_mask is not None:

@@ -1,6 +1,6 @@
 """Bucket limits against fresh full simulations (issue 12): the limit fits, one above does not.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/fresh_limits.py --model wav2vec2-base --gpu T4
+Run: ``PYTHONPATH=src .venv/bin/python -m bench fresh_limits --model wav2vec2-base --gpu T4
 [--target 32]``. Plans the LibriSpeech-like manifest of ``bench/plan_speed.py`` (20,000
 utterances, in the simulation cache the environment names), then, for the first, middle and
 last bucket whose batch is below ``--target`` (memory, not the target, sets those limits),
@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _corpora import write_librispeech_like  # noqa: E402
+from bench._corpora import write_librispeech_like
 
 
 def main() -> None:

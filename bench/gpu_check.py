@@ -44,9 +44,9 @@ from typing import Any
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-import torch  # noqa: E402
+import torch
 
-from asrfit.train.calibrate import median_seconds  # noqa: E402
+from asrfit.train.calibrate import median_seconds
 
 GPU = "H100-80GB"  # the catalog entry the predictions are made for
 BUDGET_BYTES = 40 * 2**30  # the allocator's cap in the boundary search (fits an H100 and an H200)
@@ -654,13 +654,13 @@ def main() -> None:
         body = "\n\n".join(render(args.predictions, folder) for folder in args.render)
         print(body)
         if args.out:
-            from _report import write_section
+            from bench._report import write_section
 
             command = (
-                "`PYTHONPATH=src HF_HUB_OFFLINE=1 python3 bench/gpu_check.py --measure $OUT/gc` "
-                "on the GPU (its predictions: `PYTHONPATH=src .venv/bin/python bench/gpu_check.py "
+                "`PYTHONPATH=src HF_HUB_OFFLINE=1 python3 -m bench gpu_check --measure $OUT/gc` "
+                "on the GPU (its predictions: `PYTHONPATH=src .venv/bin/python -m bench gpu_check "
                 "--predict bench/data/gpu-check-predictions.json`, committed first); rendered with "
-                f"`python bench/gpu_check.py --render {' '.join(map(str, args.render))} --out {args.out}`"
+                f"`python -m bench gpu_check --render {' '.join(map(str, args.render))} --out {args.out}`"
             )
             stamp = f"Commit {args.commit or 'unknown'}. Command: {command}."
             write_section(args.out, SECTION, f"## {TITLE}\n\n{stamp}\n\n{body}")

@@ -3,7 +3,7 @@
 The memory fixes (CUDA autocast's fp32 ops, CUDA layer norm's contiguous copy) and the
 step-time model (measured host costs, host + device time, fp32 matmuls without tf32) were
 written from the grid cases of ``bench/validate_gpu.py``. This checks them on 24 cases of
-the CPU memory benchmark's held-out lists (``bench/_heldout*.py``: other families, widths,
+the CPU memory benchmark's held-out sets (``bench/cases.py``: memory-1, memory-2 and memory-5; other families, widths,
 shapes and setups) that had never run on a GPU:
 
 1. ``--predict FILE`` (any machine, no GPU): each case simulated with ``target="cuda"``;
@@ -17,7 +17,7 @@ shapes and setups) that had never run on a GPU:
    (its torch and transformers).
 3. ``--render PREDICTIONS MEASURED``: the markdown table.
 
-Run on a lent GPU: ``PYTHONPATH=src python3 bench/gpu_heldout.py --measure $OUT/heldout.json``.
+Run on a lent GPU: ``PYTHONPATH=src python3 -m bench gpu_heldout --measure $OUT/heldout.json``.
 """
 
 from __future__ import annotations
@@ -33,12 +33,10 @@ from typing import Any
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
 NAMES = (
-    # larger models (bench/_heldout_more.held_out_larger)
+    # larger models (bench/cases.py, set memory-5)
     "wav2vec2 h256 x4 layer fp32 adamw 4x4s",
     "hubert h192 x3 group bf16+ckpt sgd 3x6s",
     "data2vec-audio h192 x3 pure_bf16 adafactor 3x5s",
@@ -47,7 +45,7 @@ NAMES = (
     "speech_to_text d192 x3 fp32+ckpt sgd 3x6s",
     "parakeet-ctc h192 x2 fp32 sgd 4x6s",
     "conformer d192 x4 bf16 adamw 4x8s",
-    # bench/_heldout.held_out
+    # bench/cases.py, set memory-1
     "wav2vec2 h80 layer bf16+ckpt adafactor 3x1.7s",
     "hubert h48 layer bf16 sgd 4x1.4s",
     "wavlm h48 group bf16 adamw 2x2.6s",
@@ -62,7 +60,7 @@ NAMES = (
     "sew-d h48 bf16 sgd 2x1.9s",
     "wav2vec2-conformer h48 fp32 adafactor 2x1.8s",
     "speech_to_text d64 bf16+ckpt adamw 3x2.4s",
-    # bench/_heldout_later.held_out_after_bert_fix
+    # bench/cases.py, set memory-2
     "moonshine h64 fp32 adamw 2x1.8s",
     "lasr-ctc h40 bf16+ckpt adamw 2x3.2s",
 )
@@ -70,13 +68,9 @@ GPU = "H200"
 
 
 def cases() -> list[Any]:
-    import _heldout
-    from _heldout_later import held_out_after_bert_fix
-    from _heldout_more import held_out_larger
+    from bench.cases import cases as case_list
 
-    by_name = {
-        c.name: c for c in [*_heldout.held_out(), *held_out_after_bert_fix(), *held_out_larger()]
-    }
+    by_name = {c.name: c for c in case_list("memory-1", "memory-2", "memory-5")}
     return [by_name[n] for n in NAMES]
 
 
@@ -108,12 +102,11 @@ def measure(case: Any, steps: int = 7, device: str = "cuda") -> dict:
     """The real step's peak allocated bytes and its median time on the GPU."""
     import gc
 
-    import _truth
-
     from asrfit.memory.generic import speech_adapter
     from asrfit.memory.optimizers import make_optimizer
+    from asrfit.memory.real_step import build_model, float_dtype
     from asrfit.memory.setup import Precision
-    from asrfit.memory.simulate import _build, _default_dtype, _float_dtype
+    from bench import _truth
 
     gpu = device == "cuda"  # "cpu": a dry run of this function (no memory figure)
     gc.collect()  # the previous case's model and optimizer
@@ -122,9 +115,8 @@ def measure(case: Any, steps: int = 7, device: str = "cuda") -> dict:
     before = torch.cuda.memory_allocated() if gpu else 0
     adapter = speech_adapter(case.make_config())
     torch.manual_seed(0)
-    dtype = _float_dtype(case.setup)
-    with _default_dtype(dtype):
-        model = _build(adapter, case.setup).to(device)
+    dtype = float_dtype(case.setup)
+    model = build_model(adapter, case.setup, device)
     optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
     host_batch = _truth.real_inputs_from_adapter(adapter, case.batch, dtype)
     autocast = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(

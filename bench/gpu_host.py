@@ -1,7 +1,7 @@
 """The host's share of a GPU step, cuDNN's hidden buffers and a held-out boundary (raw data).
 
 Run on a machine with a CUDA GPU (one short call of a lent GPU):
-``PYTHONPATH=src python3 bench/gpu_host.py --out $OUT/gpu_host.json``
+``PYTHONPATH=src python3 -m bench gpu_host --out $OUT/gpu_host.json``
 
 Four parts, each appended to ``--out`` (JSON) as soon as it ends, so a time limit keeps
 what was measured:
@@ -37,9 +37,7 @@ from pathlib import Path
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
 
 def _write(out: Path | None, data: dict) -> None:
@@ -68,7 +66,7 @@ def fixed_costs(device: str) -> dict:
 
 def cudnn_check(validate_gpu: object) -> list[dict]:
     """Peak allocated with cuDNN on and off, beside the simulated peak."""
-    import _grid
+    from bench import _grid
 
     rows = []
     for case in (
@@ -93,13 +91,13 @@ def cudnn_check(validate_gpu: object) -> list[dict]:
 
 
 def timing_cases() -> list:
-    import _grid
-    import step_time_accuracy as sta
+    from bench import _grid
+    from bench.cases import cases as case_list
+    from bench.cases import family_group
 
     return [
-        *sta.fitted_cases(),
-        *sta.held_out_cases(),
-        *sta._group("wav2vec2-base", "adamw", 8.0, 100),
+        *case_list("step-time-fit", "step-time-1"),
+        *family_group("wav2vec2-base", "adamw", 8.0, 100),
         _grid.Case("wav2vec2-base", "fp32", False, "adamw", 32, 8.0, 100),
         _grid.Case("wav2vec2-base", "bf16", False, "adamw", 32, 8.0, 100),
         _grid.Case("whisper-base", "bf16", False, "adamw", 32, 30.0, 128),
@@ -107,11 +105,10 @@ def timing_cases() -> list:
 
 
 def timing(validate_gpu: object, data: dict, out: Path | None) -> None:
-    from _timing import time_case
-
     from asrfit.memory.roofline import step_seconds_parts
     from asrfit.profiles.hardware import HardwareProfile
     from asrfit.profiles.rates import gpu_rates
+    from bench._timing import time_case
 
     spec = HardwareProfile.detect().spec
     rates = gpu_rates(spec)
@@ -145,7 +142,7 @@ def timing(validate_gpu: object, data: dict, out: Path | None) -> None:
 
 def boundary(validate_gpu: object, budget: int) -> dict:
     """whisper-base's largest batch: predicted first, then searched from there."""
-    import _grid
+    from bench import _grid
 
     arch, precision, ckpt, optimizer, seconds, labels = validate_gpu.OOM_CONFIGS[1]
 
@@ -234,10 +231,9 @@ def repredict_grid(markdown: Path) -> str:
     import re
     import statistics
 
-    import _grid
-
     from asrfit.memory.adapters import hf_adapter
     from asrfit.memory.simulate import simulate_step
+    from bench import _grid
 
     text = markdown.read_text(encoding="utf-8")
     section = text[text.index("<!-- memory-accuracy-gpu:start -->") :]
@@ -284,7 +280,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("gpu_host: CUDA is not available; nothing measured.", file=sys.stderr)
         return
-    import validate_gpu
+    from bench import validate_gpu
 
     validate_gpu._load()
     torch.cuda.set_device(0)

@@ -19,7 +19,7 @@ the step-time model says the GPU is already saturated. This checks that on a GPU
    whole dataset, predicted and measured, with the planner's own formula
    (audio seconds / wall seconds, each bucket's wall seconds ``utterances / batch x step``).
 
-Run on a lent GPU: ``PYTHONPATH=src python3 bench/gpu_two_d.py --measure
+Run on a lent GPU: ``PYTHONPATH=src python3 -m bench gpu_two_d --measure
 bench/data/gpu-two-d-plans.json --out $OUT/two-d.json``.
 """
 
@@ -30,7 +30,6 @@ import functools
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from datetime import date
@@ -39,9 +38,7 @@ from typing import Any
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
 MODEL = "parakeet-tdt-0.6b-v2"
 SECTION = "gpu-two-d-buckets"
@@ -50,22 +47,21 @@ GIB = 2**30
 
 def plan_both(gpu: str, utterances: int, cps_sd: float) -> dict[str, Any]:
     """Plan the LibriSpeech-like manifest 1-D and 2-D; each bucket with its predicted step."""
-    from _corpora import write_librispeech_like
-
     import asrfit.plan.bucketing as bucketing
     from asrfit.plan.search import plan
     from asrfit.profiles.dataset import DatasetProfile
     from asrfit.profiles.hardware import HardwareProfile
+    from bench._corpora import write_librispeech_like
 
     steps: dict[tuple[str, int, int, int], float] = {}
-    original = bucketing._step_seconds
+    original = bucketing.bucket_step_seconds
 
     def recording(costs: Any, hardware: Any, b: int, t: int, u: int) -> float:
         seconds = original(costs, hardware, b, t, u)
         steps[(costs.setup.describe(), b, t, u)] = seconds
         return seconds
 
-    bucketing._step_seconds = recording
+    bucketing.bucket_step_seconds = recording
     out: dict[str, Any] = {"model": MODEL, "gpu": gpu, "utterances": utterances, "cps_sd": cps_sd}
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_librispeech_like(Path(tmp) / "ls.jsonl", utterances, cps_sd=cps_sd)
@@ -100,7 +96,7 @@ def plan_both(gpu: str, utterances: int, cps_sd: float) -> dict[str, Any]:
                 "buckets": buckets,
             }
             print(mode, setup, f"{p.predicted_throughput_seconds_per_second:,.1f}", flush=True)
-    bucketing._step_seconds = original
+    bucketing.bucket_step_seconds = original
     return out
 
 
@@ -147,13 +143,12 @@ def measure(
 
     ``device="cpu"`` is a dry run of this function (times, no memory figures).
     """
-    import _truth
-
     from asrfit.memory.optimizers import make_optimizer
+    from asrfit.memory.real_step import build_model, float_dtype
     from asrfit.memory.report import resolve_adapter
     from asrfit.memory.setup import Precision, Setup
-    from asrfit.memory.simulate import _build, _float_dtype
     from asrfit.memory.step import BatchShape
+    from bench import _truth
 
     started = time.perf_counter()
     gpu = device == "cuda"
@@ -178,9 +173,9 @@ def measure(
     for setup_json, buckets in by_setup.items():
         setup = Setup.from_json(setup_json)
         torch.manual_seed(0)
-        model = _build(adapter, setup).to(device)
+        model = build_model(adapter, setup, device)
         optimizer = make_optimizer(setup, [p for p in model.parameters() if p.requires_grad])
-        dtype = _float_dtype(setup)
+        dtype = float_dtype(setup)
         autocast = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
             setup.precision
         )
@@ -361,25 +356,25 @@ def main() -> None:
         plans = json.loads(args.measure.read_text(encoding="utf-8"))
         measure(plans, args.out, args.budget, args.device, args.one_d_every, args.steps)
     elif args.render:
-        from _report import write_section
+        from bench._report import write_section
 
         plans, measured = (json.loads(p.read_text(encoding="utf-8")) for p in args.render)
         body = "\n".join(
             [
                 "### Parakeet-TDT-0.6B: 2-D against 1-D buckets, measured",
                 "",
-                f"Plans: `PYTHONPATH=src .venv/bin/python bench/gpu_two_d.py --plan {args.render[0]} "
+                f"Plans: `PYTHONPATH=src .venv/bin/python -m bench gpu_two_d --plan {args.render[0]} "
                 f"--gpu {plans['gpu']}` (CPU, {plans['1d']['plan_seconds']:.0f} + "
                 f"{plans['2d']['plan_seconds']:.0f} s beside other work). Measured: "
-                "`PYTHONPATH=src python3 "
-                f"bench/gpu_two_d.py --measure {args.render[0]} --out $OUT/two-d.json "
+                "`PYTHONPATH=src python3 -m bench "
+                f"gpu_two_d --measure {args.render[0]} --out $OUT/two-d.json "
                 "--one-d-every 3 --steps 1 --budget 400` on the GPU"
                 + (
                     f", in {len(measured['calls'])} calls ({'; '.join(measured['calls'])})"
                     if measured.get("calls")
                     else ""
                 )
-                + f". Rendered with `PYTHONPATH=src .venv/bin/python bench/gpu_two_d.py --render "
+                + f". Rendered with `PYTHONPATH=src .venv/bin/python -m bench gpu_two_d --render "
                 f"{args.render[0]} {args.render[1]} --out docs/benchmarks.md` ({date.today()}).",
                 "",
                 render(plans, measured),

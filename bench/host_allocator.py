@@ -1,6 +1,6 @@
 """What glibc's defaults cost a CPU training step, and what keeping freed memory gives back.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/host_allocator.py --out docs/benchmarks.md``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench host_allocator --out docs/benchmarks.md``
 
 Each measurement runs in a fresh interpreter, once with ``ASRFIT_HOST_MALLOC=default``
 (glibc's own settings) and once with :func:`asrfit.train.host_allocator.keep_freed_host_memory`
@@ -26,19 +26,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _report import write_section  # noqa: E402
+from bench._report import write_section
 
 SECTION = "host-allocator"
-COMMAND = "PYTHONPATH=src .venv/bin/python bench/host_allocator.py --out docs/benchmarks.md"
+COMMAND = "PYTHONPATH=src .venv/bin/python -m bench host_allocator --out docs/benchmarks.md"
 
 CHILD = r"""
 import json, resource, statistics, sys, time
 import torch
 from asrfit.train.host_allocator import keep_freed_host_memory
-sys.path.insert(0, sys.argv[6])
-from conformer_step_profile import conformer_train_step
+from bench.conformer_step_profile import conformer_train_step
 size, batch, frames, threads, steps = sys.argv[1], *map(int, sys.argv[2:6])
 applied = keep_freed_host_memory()
 torch.set_num_threads(threads)
@@ -65,12 +62,12 @@ print(json.dumps({"applied": applied, "fresh": fresh, "reused": reused,
 
 
 def _child(mode: str, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, PYTHONPATH="src")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), str(root)]))
     env.pop("ASRFIT_HOST_MALLOC", None)
     if mode == "default":
         env["ASRFIT_HOST_MALLOC"] = "default"
-    bench = Path(__file__).resolve().parent
-    argv = [str(v) for v in (args.size, args.batch, args.frames, args.threads, args.steps, bench)]
+    argv = [str(v) for v in (args.size, args.batch, args.frames, args.threads, args.steps)]
     out = subprocess.run(
         [sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True, check=True
     )

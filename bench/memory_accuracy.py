@@ -1,6 +1,6 @@
 """How close is the fake-tensor simulator to a real training step? (CPU)
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/memory_accuracy.py --out docs/benchmarks.md``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench memory_accuracy --out docs/benchmarks.md``
 
 For every case of the grid (``bench/_grid.py``: 6 tiny ASR models x precision x
 checkpointing x optimizer x batch shape, 30 cases) it simulates the step with
@@ -28,7 +28,6 @@ import collections
 import difflib
 import itertools
 import statistics
-import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -40,17 +39,14 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _grid  # noqa: E402
-
-from asrfit.memory.adapters import BatchShape, hf_adapter  # noqa: E402
-from asrfit.memory.setup import Setup  # noqa: E402
-from asrfit.memory.simulate import simulate_step  # noqa: E402
+from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+from bench import _grid
 
 SECTION = "memory-accuracy-cpu"
 SPEED_SECTION = "simulator-speed"
-COMMAND = "PYTHONPATH=src .venv/bin/python bench/memory_accuracy.py --out docs/benchmarks.md"
+COMMAND = "PYTHONPATH=src .venv/bin/python -m bench memory_accuracy --out docs/benchmarks.md"
 MIB = 2**20
 
 
@@ -422,7 +418,7 @@ def diagnose(case: _grid.Case, top: int = 12) -> str:
 
 
 def _run_heldout(args: argparse.Namespace) -> None:
-    import _heldout
+    from bench import _heldout
 
     environment = f"{_grid.environment_line()}, torch threads {torch.get_num_threads()}"
     groups: list[tuple[Any, list]] = []

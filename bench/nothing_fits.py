@@ -1,6 +1,6 @@
 """When nothing fits a T4: the largest Conformer the plan proposes, checked two other ways.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/nothing_fits.py [--out docs/benchmarks.md]``.
+Run: ``PYTHONPATH=src .venv/bin/python -m bench nothing_fits [--out docs/benchmarks.md]``.
 
 A Conformer-CTC too large for a T4 (default: d_model 4096, 24 layers, 16 heads, 9.75 B
 parameters) is planned on a LibriSpeech-like manifest (``bench/_corpora.py``, utterances up
@@ -36,9 +36,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _corpora import write_librispeech_like  # noqa: E402
-from _report import write_section  # noqa: E402
+from bench._corpora import write_librispeech_like
+from bench._report import write_section
 
 GIB = 2**30
 PROPOSAL = re.compile(
@@ -131,7 +130,7 @@ def main() -> None:
         (f"one of d_model {d_model + step} is not", wider > usable),
     ]
     command = (
-        "PYTHONPATH=src .venv/bin/python bench/nothing_fits.py "
+        "PYTHONPATH=src .venv/bin/python -m bench nothing_fits "
         f"--gpu {args.gpu} --d-model {args.d_model} --layers {args.layers} --heads {args.heads} "
         f"--target-batch {args.target_batch} --out docs/benchmarks.md"
     )

@@ -12,7 +12,7 @@ warm-up), and the real peak of the chosen k is counted at the CPU allocator
 glibc keeps freed memory (:mod:`asrfit.train.host_allocator`), so neither setup pays each
 step for the kernel to map its activations afresh.
 
-    PYTHONPATH=src python bench/partial_checkpointing.py --out docs/benchmarks.md
+    PYTHONPATH=src python -m bench partial_checkpointing --out docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -20,24 +20,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _truth  # noqa: E402
-from _grid import _parakeet_encoder, environment_line  # noqa: E402
-from _report import write_section  # noqa: E402
-
-from asrfit.memory.adapters import BatchShape, hf_adapter  # noqa: E402
-from asrfit.memory.optimizers import make_optimizer  # noqa: E402
-from asrfit.memory.setup import Setup  # noqa: E402
-from asrfit.memory.simulate import _build, simulate_step  # noqa: E402
-from asrfit.models.conformer import conformer_config  # noqa: E402
-from asrfit.train.host_allocator import keep_freed_host_memory  # noqa: E402
+from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.real_step import build_model
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+from asrfit.models.conformer import conformer_config
+from asrfit.train.host_allocator import keep_freed_host_memory
+from bench import _truth
+from bench._grid import _parakeet_encoder, environment_line
+from bench._report import write_section
 
 MIB = 2**20
 
@@ -74,7 +71,7 @@ def _timed_steps(config, batch, setups, steps, warmup) -> dict[str, list[float]]
     for name, setup in setups.items():
         adapter = hf_adapter(config())
         torch.manual_seed(0)
-        model = _build(adapter, setup)
+        model = build_model(adapter, setup)
         optimizer = make_optimizer(setup, [p for p in model.parameters() if p.requires_grad])
         inputs = _truth.real_inputs_from_adapter(adapter, batch)
         runs[name] = (adapter, model, optimizer, inputs)
@@ -133,7 +130,7 @@ def main() -> None:
     rate = {name: audio / statistics.median(t) for name, t in times.items()}
     ratio = rate["partial"] / rate["full"]
     command = (
-        "PYTHONPATH=src python bench/partial_checkpointing.py "
+        "PYTHONPATH=src python -m bench partial_checkpointing "
         + (f"--family {args.family} " if args.family != "conformer" else "")
         + f"--d-model {args.d_model} "
         f"--layers {L} --batch {args.batch} --frames {args.frames} --budget-k {args.budget_k} "

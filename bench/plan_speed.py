@@ -1,6 +1,6 @@
 """How long planning takes, cold and warm, and whether screening keeps the exhaustive plan.
 
-Run: ``python bench/plan_speed.py [--model xls-r-1b --gpu L4] [--compare] [--out docs/benchmarks.md]``.
+Run: ``python -m bench plan_speed [--model xls-r-1b --gpu L4] [--compare] [--out docs/benchmarks.md]``.
 Each plan runs end to end in a fresh subprocess (profile the manifest, profile the model,
 search): cold (empty simulation cache), then warm (the cache the cold run filled). With
 ``--compare``, a third cold run plans with ``exhaustive=True`` (every setup's fit refined)
@@ -22,9 +22,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _corpora import write_librispeech_like  # noqa: E402
-from _report import write_section  # noqa: E402
+from bench._corpora import write_librispeech_like
+from bench._report import write_section
 
 PLAN = """
 import json, os, resource, time, logging
@@ -138,7 +137,7 @@ def main() -> None:
             if args.baseline_src and not args.no_warm
             else None
         )
-    command = f"python bench/plan_speed.py --model {args.model} --gpu {args.gpu}"
+    command = f"python -m bench plan_speed --model {args.model} --gpu {args.gpu}"
     command += " --compare" * args.compare + " --no-warm" * args.no_warm
     command += " --one-worker" * args.one_worker
     if args.baseline_src:

@@ -1,6 +1,6 @@
 """Where a cold plan's wall time goes: each phase of side-by-side traces, each trace of the planner.
 
-Run: ``ASRFIT_CACHE_DIR=<empty folder> PYTHONPATH=src .venv/bin/python bench/plan_timeline.py
+Run: ``ASRFIT_CACHE_DIR=<empty folder> PYTHONPATH=src .venv/bin/python -m bench plan_timeline
 --model wav2vec2-base --gpu T4``. Plans the 20,000-utterance LibriSpeech-like manifest of
 ``bench/plan_speed.py`` (target batch 32) and prints, in seconds from the start, when the
 manifest is profiled, each trace the planning process runs itself (with its own duration),
@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _corpora import write_librispeech_like  # noqa: E402
+from bench._corpora import write_librispeech_like
 
 START = time.perf_counter()
 
@@ -44,7 +42,7 @@ def main() -> None:
     from asrfit.profiles.hardware import HardwareProfile
 
     planner = os.getpid()
-    trace, map_forked = costs.CostEstimator._trace, costs.map_forked
+    trace, map_forked = costs.CostEstimator.trace, costs.map_forked
 
     def timed_trace(self: Any, batch: Any, setup: Any, *flags: bool) -> Any:
         started = time.perf_counter()
@@ -62,7 +60,7 @@ def main() -> None:
         log(f"phase done: {time.perf_counter() - started:.2f} s")
         return results
 
-    costs.CostEstimator._trace = timed_trace  # type: ignore[method-assign]
+    costs.CostEstimator.trace = timed_trace  # type: ignore[method-assign]
     costs.map_forked = timed_phase
     manifest = write_librispeech_like(Path(tempfile.mkdtemp()) / "m.jsonl", args.utterances)
     dataset = DatasetProfile.from_manifest(str(manifest))

@@ -1,6 +1,6 @@
 """Batch-sampler efficiency under one memory budget: padding, predicted fill, over-budget batches.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/sampler_efficiency.py --out docs/benchmarks.md``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench sampler_efficiency --out docs/benchmarks.md``
 
 Two corpora: (a) the demo corpus's train split (``asrfit.recipes.demo.write_demo_corpus`` with
 its defaults: 600 utterances, log-normal around 3 s, 1-20 s), (b) the LibriSpeech
@@ -13,7 +13,7 @@ are ``plan.predicted_reserved_bytes(n, longest input, longest label)``. ``--plan
 a saved plan's cost model and budget instead.
 
 Buckets (ours): the planner's rule, without its effective-batch cap so that only memory
-limits every sampler: edges at equal audio per bucket (``asrfit.plan.bucketing._bucket_edges``),
+limits every sampler: edges at equal audio per bucket (``asrfit.plan.bucketing.bucket_edges``),
 each bucket's limit the largest batch that fits at its upper edge; the bucket count is the
 one of the planner's candidates that gives our sampler the fewest batches (then the least
 padding).
@@ -35,7 +35,6 @@ import argparse
 import json
 import logging
 import math
-import sys
 import tempfile
 import time
 import warnings
@@ -46,18 +45,16 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _corpora import CHARS_PER_SECOND, librispeech_like_durations  # noqa: E402
-from _report import write_section  # noqa: E402
+from asrfit.data.sampler import MemoryBudgetSampler
+from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.setup import Setup
+from asrfit.plan.bucketing import BUCKET_COUNTS, bucket_edges
+from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.recipes.demo import write_demo_corpus
+from bench._corpora import CHARS_PER_SECOND, librispeech_like_durations
+from bench._report import write_section
 
-from asrfit.data.sampler import MemoryBudgetSampler  # noqa: E402
-from asrfit.memory.costmodel import PeakModel  # noqa: E402
-from asrfit.memory.setup import Setup  # noqa: E402
-from asrfit.plan.bucketing import BUCKET_COUNTS, _bucket_edges  # noqa: E402
-from asrfit.plan.plan import Bucket, DataDecisions, Plan  # noqa: E402
-from asrfit.recipes.demo import write_demo_corpus  # noqa: E402
-
-COMMAND = "PYTHONPATH=src .venv/bin/python bench/sampler_efficiency.py --out docs/benchmarks.md"
+COMMAND = "PYTHONPATH=src .venv/bin/python -m bench sampler_efficiency --out docs/benchmarks.md"
 GIB = 2**30
 # Fitted by `asrfit plan --model xls-r-300m --gpu A10G` (bf16, AdamW, no checkpointing) on
 # seven fake-tensor simulations (residual < 0.001 %).
@@ -139,7 +136,7 @@ def bucketed_plan(base: Plan, durations: np.ndarray, count: int) -> Plan:
     """``base`` with the planner's equal-audio buckets and memory-only batch limits."""
     longest = float(durations.max())
     buckets, lo = [], 0.0
-    for edge in _bucket_edges(durations, count, longest):
+    for edge in bucket_edges(durations, count, longest):
         inside = durations[(durations > lo) & (durations <= edge)]
         if inside.size == 0:
             continue

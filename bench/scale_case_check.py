@@ -1,7 +1,7 @@
-"""One real-scale step (``bench/_heldout_scale.py``) with config fields overridden, predicted
+"""One real-scale step (``bench/cases.py``, sets memory-scale and memory-scale-rules) with config fields overridden, predicted
 against the plain step at the allocator.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/scale_case_check.py --case "wav2vec2-base fp32
+Run: ``PYTHONPATH=src .venv/bin/python -m bench scale_case_check --case "wav2vec2-base fp32
 adamw" --set layerdrop=0.0``. Prints the predicted and measured bytes of the first case whose
 name starts with ``--case``, its config changed by each ``--set field=value`` (a JSON value):
 to ask what a miss of the split comes from without changing the split's cases.
@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _heldout_scale  # noqa: E402
-import _truth  # noqa: E402
-
-from asrfit.memory.generic import speech_adapter  # noqa: E402
-from asrfit.memory.simulate import simulate_step  # noqa: E402
+from asrfit.memory.generic import speech_adapter
+from asrfit.memory.simulate import simulate_step
+from bench import _truth
+from bench.cases import cases as case_list
 
 
 def main() -> None:
@@ -29,7 +24,7 @@ def main() -> None:
     parser.add_argument("--case", required=True, help="the start of a case's name")
     parser.add_argument("--set", nargs="*", default=[], help="config field=JSON value")
     args = parser.parse_args()
-    cases = _heldout_scale.held_out_scale() + _heldout_scale.diagnosis_scale()
+    cases = case_list("memory-scale", "memory-scale-rules")
     found = [c for c in cases if c.name.startswith(args.case)]
     if not found:
         raise SystemExit(f"no case starts with {args.case!r}; names: {[c.name for c in cases]}")

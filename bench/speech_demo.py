@@ -7,7 +7,7 @@ has ``lm_text.txt``) one of the transcripts plus text-only grammar sentences tha
 dev, test or family utterance. Each one's weight (alpha) and word bonus (beta) are chosen on
 dev, then applied once to test and to the held-out family.
 
-Usage: python bench/speech_demo.py --run runs/demo-speech --data demo-speech --out docs/benchmarks.md
+Usage: python -m bench speech_demo --run runs/demo-speech --data demo-speech --out docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -18,22 +18,19 @@ import itertools
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import write_section  # noqa: E402
-
-from asrfit.data.dataset import SpeechDataset, utterances_from  # noqa: E402
-from asrfit.data.text import CharVocabulary  # noqa: E402
-from asrfit.recipes.asr_model import build_asr_model  # noqa: E402
-from asrfit.recipes.evaluate import error_rates  # noqa: E402
-from asrfit.recipes.speech.beam import BeamDecoder, ctc_log_probs, greedy_texts  # noqa: E402
-from asrfit.recipes.speech.corpus import LM_TEXT  # noqa: E402
-from asrfit.recipes.speech.ngram import NgramModel  # noqa: E402
+from asrfit.data.dataset import SpeechDataset, utterances_from
+from asrfit.data.text import CharVocabulary
+from asrfit.recipes.asr_model import build_asr_model
+from asrfit.recipes.evaluate import error_rates
+from asrfit.recipes.speech.beam import BeamDecoder, ctc_log_probs, greedy_texts
+from asrfit.recipes.speech.corpus import LM_TEXT
+from asrfit.recipes.speech.ngram import NgramModel
+from bench._report import write_section
 
 # The grid the n-gram weight and word bonus are chosen from on dev. It was (0.5, 1.0) x (1.0, 3.0)
 # until 2026-11-24, when the choice sat on two of its edges (alpha 0.5, beta 3.0); widened on
@@ -140,7 +137,7 @@ def main() -> None:
     )
     if args.out:
         scoring = (
-            f"python bench/speech_demo.py --run {args.run} --data {args.data} --out {args.out}"
+            f"python -m bench speech_demo --run {args.run} --data {args.data} --out {args.out}"
         )
         write_section(Path(args.out), "speech-demo", _markdown(report, out, args.command, scoring))
 

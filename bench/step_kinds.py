@@ -1,6 +1,6 @@
 """Where one step-time grid case goes: predicted seconds by op kind against the profiled step.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/step_kinds.py whisper bf16 0 sgd 2 2 12``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench step_kinds whisper bf16 0 sgd 2 2 12``
 (arguments: family, precision, checkpointing 0/1, optimizer, batch, seconds, labels, as a
 case of ``bench/_grid.py``).
 
@@ -20,23 +20,18 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _grid  # noqa: E402
-from _timing import timed_steps  # noqa: E402
-
-from asrfit.memory.adapters import hf_adapter  # noqa: E402
-from asrfit.memory.optimizers import make_optimizer  # noqa: E402
-from asrfit.memory.runtime import op_kind, seconds_by_kind, step_seconds  # noqa: E402
-from asrfit.memory.simulate import simulate_step  # noqa: E402
-from asrfit.profiles.host import host_rates  # noqa: E402
-from asrfit.train.host_allocator import keep_freed_host_memory  # noqa: E402
+from asrfit.memory.adapters import hf_adapter
+from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.runtime import op_kind, seconds_by_kind, step_seconds
+from asrfit.memory.simulate import simulate_step
+from asrfit.profiles.host import host_rates
+from asrfit.train.host_allocator import keep_freed_host_memory
+from bench import _grid
+from bench._timing import timed_steps
 
 
 def main() -> None:

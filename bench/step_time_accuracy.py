@@ -1,6 +1,6 @@
 """How close is the step-time model to real training steps? (CPU)
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/step_time_accuracy.py --out docs/benchmarks.md``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench step_time_accuracy --out docs/benchmarks.md``
 
 Each case (a tiny model of ``bench/_grid.py``, a setup and a padded batch) is simulated on
 fake tensors (``target="cpu"``), and its :class:`~asrfit.memory.runtime.StepCost` is turned
@@ -43,152 +43,21 @@ import argparse
 import dataclasses
 import datetime
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _grid  # noqa: E402
-from _report import write_section  # noqa: E402
-from _timing import Timed, time_cases  # noqa: E402
-
-from asrfit.memory.runtime import step_seconds  # noqa: E402
-from asrfit.profiles.host import _bandwidth as host_bandwidth  # noqa: E402
-from asrfit.profiles.host import host_rates  # noqa: E402
+from asrfit.memory.runtime import step_seconds
+from asrfit.profiles.host import host_rates, stream_bandwidth
+from bench import _grid
+from bench._report import write_section
+from bench._timing import Timed, time_cases
+from bench.cases import cases as case_list
+from bench.cases import sets_of
 
 SECTION = "step-time-accuracy-cpu"
-COMMAND = "PYTHONPATH=src .venv/bin/python bench/step_time_accuracy.py --out docs/benchmarks.md"
-
-
-def _group(
-    arch: str, optimizer: str, seconds: float, labels: int, bf16: bool = True
-) -> list[_grid.Case]:
-    base = _grid.Case(arch, "fp32", False, optimizer, 2, seconds, labels)
-    cases = [
-        base,
-        _grid.Case(arch, "fp32", True, optimizer, 2, seconds, labels),
-        _grid.Case(arch, "fp32", False, optimizer, 6, seconds, labels),
-    ]
-    if bf16:
-        cases.append(_grid.Case(arch, "bf16", False, optimizer, 2, seconds, labels))
-    return cases
-
-
-def fitted_cases() -> list[_grid.Case]:
-    """The cases the per-module factor was fitted on."""
-    return [
-        *_group("wav2vec2", "adamw", 1.5, 10),
-        *_group("whisper", "sgd", 2.0, 10),
-        *_group("parakeet-ctc", "adafactor", 1.5, 10),
-    ]
-
-
-def held_out_cases() -> list[_grid.Case]:
-    """Cases added after the model was final (other families)."""
-    return [
-        *_group("hubert", "adafactor", 1.5, 10),
-        *_group("wavlm", "sgd", 1.0, 8),
-        # no bf16: oneDNN has no bf16 LSTM primitive on this CPU (the TDT decoder fails)
-        *_group("parakeet-tdt", "adamw", 1.5, 10, bf16=False),
-    ]
-
-
-def later_cases() -> list[_grid.Case]:
-    """Written 2026-11-24 08:50 UTC, after the per-kind and per-module model was final: other
-    shapes, optimizers and label lengths, fitted and held-out families alike."""
-    case = _grid.Case
-    return [
-        case("whisper", "fp32", False, "adamw", 4, 3.0, 20),
-        case("whisper", "fp32", True, "adamw", 4, 3.0, 20),
-        case("wav2vec2", "fp32", False, "sgd", 3, 3.0, 25),
-        case("wav2vec2", "fp32", False, "adafactor", 1, 5.0, 40),
-        case("hubert", "fp32", False, "sgd", 4, 2.0, 16),
-        case("wavlm", "fp32", False, "adamw", 3, 2.0, 16),
-        case("wavlm", "fp32", True, "adamw", 3, 2.0, 16),
-        case("parakeet-ctc", "fp32", False, "sgd", 4, 3.0, 24),
-        case("parakeet-ctc", "bf16", False, "adamw", 3, 2.0, 16),
-        case("parakeet-tdt", "fp32", False, "sgd", 3, 1.0, 6),
-        case("parakeet-tdt", "fp32", False, "adafactor", 1, 3.0, 20),
-    ]
-
-
-def after_int_cases() -> list[_grid.Case]:
-    """Written 2026-11-24 22:05 UTC, after the integer-kernel figure (``int_kernel_seconds``:
-    index arithmetic on integer tensors records no autograd), before any run with it: the
-    change was found on the parakeet-tdt cases above, so these are the held-out check."""
-    case = _grid.Case
-    return [
-        case("parakeet-tdt", "fp32", False, "adamw", 2, 2.0, 16),
-        case("parakeet-tdt", "fp32", True, "sgd", 4, 1.5, 12),
-        case("parakeet-tdt", "fp32", False, "adafactor", 3, 2.5, 8),
-        case("parakeet-tdt", "fp32", False, "sgd", 1, 4.0, 30),
-        case("parakeet-ctc", "fp32", True, "adamw", 3, 2.5, 20),
-        case("wav2vec2", "fp32", True, "sgd", 4, 2.0, 16),
-        case("whisper", "bf16", False, "adamw", 3, 2.0, 12),
-        case("hubert", "fp32", False, "adamw", 2, 3.0, 24),
-        case("wavlm", "bf16", False, "adafactor", 4, 1.5, 12),
-        case("whisper", "fp32", False, "adafactor", 2, 4.0, 30),
-    ]
-
-
-def after_curve_cases() -> list[_grid.Case]:
-    """Written 2026-11-27 02:10 UTC, after the per-kind bandwidth curves (norm, softmax,
-    activation and dropout's generator read off their own measured curves instead of
-    ``add``'s cache speed-up) and glibc keeping freed memory, before any run with them."""
-    case = _grid.Case
-    return [
-        case("wav2vec2", "fp32", False, "adafactor", 4, 2.0, 16),
-        case("wav2vec2", "bf16", False, "sgd", 3, 1.5, 12),
-        case("whisper", "fp32", True, "adafactor", 3, 3.0, 20),
-        case("whisper", "fp32", False, "sgd", 1, 6.0, 40),
-        case("hubert", "fp32", True, "sgd", 3, 2.0, 14),
-        case("hubert", "bf16", False, "adamw", 2, 2.0, 14),
-        case("wavlm", "fp32", False, "adafactor", 2, 3.0, 20),
-        case("parakeet-ctc", "fp32", False, "adamw", 5, 1.5, 10),
-        case("parakeet-ctc", "fp32", True, "sgd", 2, 4.0, 30),
-        case("parakeet-tdt", "fp32", True, "adafactor", 2, 2.0, 14),
-    ]
-
-
-def after_attention_cases() -> list[_grid.Case]:
-    """Written 2026-11-27 02:10 UTC, after attention calls were priced at their own shape
-    (found on the whisper bf16 cases above), before any run with them."""
-    case = _grid.Case
-    return [
-        case("whisper", "bf16", True, "sgd", 2, 3.0, 16),
-        case("whisper", "bf16", False, "adafactor", 4, 1.5, 10),
-        case("whisper", "fp32", False, "adamw", 6, 1.0, 8),
-        case("wavlm", "bf16", True, "adamw", 2, 2.0, 14),
-        case("wavlm", "fp32", False, "sgd", 4, 2.5, 18),
-        case("wav2vec2", "bf16", True, "adafactor", 2, 2.5, 18),
-        case("hubert", "fp32", False, "adafactor", 5, 1.0, 8),
-        case("parakeet-ctc", "bf16", False, "sgd", 4, 1.5, 10),
-        case("parakeet-ctc", "fp32", False, "adafactor", 1, 6.0, 40),
-        case("parakeet-tdt", "fp32", False, "adamw", 4, 1.0, 8),
-    ]
-
-
-def after_layout_cases() -> list[_grid.Case]:
-    """Written 2026-11-27 03:55 UTC, after copies that change the memory layout were priced
-    at their own measured bandwidth and the copies kernels make of non-contiguous inputs
-    were added to the trace, and after host rates became the best of two passes, before any
-    run with them."""
-    case = _grid.Case
-    return [
-        case("wav2vec2", "fp32", False, "adamw", 2, 4.0, 30),
-        case("wav2vec2", "fp32", True, "adafactor", 3, 1.0, 8),
-        case("hubert", "fp32", False, "sgd", 2, 5.0, 36),
-        case("hubert", "bf16", True, "sgd", 3, 1.5, 12),
-        case("wavlm", "fp32", False, "adamw", 5, 1.5, 12),
-        case("whisper", "fp32", False, "sgd", 3, 5.0, 36),
-        case("whisper", "bf16", False, "adamw", 2, 1.0, 6),
-        case("parakeet-ctc", "fp32", False, "adamw", 2, 5.0, 36),
-        case("parakeet-ctc", "fp32", True, "adafactor", 6, 1.0, 8),
-        case("parakeet-tdt", "fp32", False, "sgd", 2, 3.0, 20),
-    ]
+COMMAND = "PYTHONPATH=src .venv/bin/python -m bench step_time_accuracy --out docs/benchmarks.md"
 
 
 def _families(rows: list[Timed]) -> list[list[Timed]]:
@@ -369,11 +238,11 @@ def render(  # noqa: ANN001
         "bandwidth curves instead of being scaled by `add`'s in-cache speed-up; the `curves` "
         "cases were written after both and before any run with them. Then a run showed "
         "the whisper bf16 cases under-predicted by 39-42 %, their CPU flash attention "
-        "profiled at 7.0 ms (`bench/step_kinds.py whisper bf16 0 sgd 2 2 12`) where one FLOP "
+        "profiled at 7.0 ms (`python -m bench step_kinds whisper bf16 0 sgd 2 2 12`) where one FLOP "
         "rate priced 1.0 ms: each attention call is now priced "
         "at its own shape from a measured grid; the `attention` cases were written after that "
         "and before any run with it. Then a profile of the most under-predicted case "
-        "(`bench/step_kinds.py wav2vec2 fp32 0 sgd 3 3 25`) showed 4-5 ms of `copy_` the "
+        "(`python -m bench step_kinds wav2vec2 fp32 0 sgd 3 3 25`) showed 4-5 ms of `copy_` the "
         "trace had priced at 0.04 ms: layer norm and convolution copy their transposed inputs "
         "inside the kernel, below the dispatcher, and a transposing copy runs at 1.5-7 GB/s, "
         "not `add`'s 27-88 GB/s; those copies are in the trace now, at their own "
@@ -481,29 +350,22 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rates = host_rates(1)
-    bandwidth_before = host_bandwidth()
+    bandwidth_before = stream_bandwidth()
     if args.fit:
         gamma, _ = fit_factors(
-            _run(fitted_cases(), rates, args.warmup, args.steps, args.rounds), rates
+            _run(case_list("step-time-fit"), rates, args.warmup, args.steps, args.rounds), rates
         )
         print(f"multiply MODULE_FACTOR by {gamma:.3f}")
         return
-    sets = [
-        fitted_cases(),
-        held_out_cases(),
-        later_cases(),
-        after_int_cases(),
-        after_curve_cases(),
-        after_attention_cases(),
-        after_layout_cases(),
-    ]
+    # the fitted set, then every held-out set in the order written (bench/cases.py)
+    sets = [list(case_set.cases) for case_set in sets_of("step-time")]
     rows = _run([c for cases in sets for c in cases], rates, args.warmup, args.steps, args.rounds)
     split, start = [], 0
     for cases in sets:
         split.append(rows[start : start + len(cases)])
         start += len(cases)
     timing = (args.warmup, args.steps, args.rounds)
-    text = render(*split, rates, (bandwidth_before, host_bandwidth()), timing)
+    text = render(*split, rates, (bandwidth_before, stream_bandwidth()), timing)
     print(text)
     if args.out is not None:
         write_section(args.out, SECTION, text)

@@ -1,6 +1,6 @@
 """Predicted throughput of duration buckets (1-D) vs duration x label buckets (2-D).
 
-Run: ``python bench/two_d_buckets.py [--out docs/benchmarks.md]``. For each (model, GPU) the
+Run: ``python -m bench two_d_buckets [--out docs/benchmarks.md]``. For each (model, GPU) the
 planner runs twice in one fresh subprocess on a LibriSpeech-like manifest (durations of
 train-clean-100's shape, transcripts whose speaking rate varies per utterance,
 ``bench/_corpora.py``): ``bucketing="1d"`` and ``bucketing="2d"``, sharing the simulation
@@ -28,9 +28,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _corpora import write_librispeech_like  # noqa: E402
-from _report import write_section  # noqa: E402
+from bench._corpora import write_librispeech_like
+from bench._report import write_section
 
 PLAN = """
 import dataclasses, json, logging, time
@@ -111,7 +110,7 @@ def main() -> None:
                 print("  2d:", two["batches"], flush=True)
                 print("  1d:", one["batches"], flush=True)
     command = (
-        "PYTHONPATH=src .venv/bin/python bench/two_d_buckets.py "
+        "PYTHONPATH=src .venv/bin/python -m bench two_d_buckets "
         + " ".join(f"--case {m} {g}" for m, g in cases)
         + " --cps-sd "
         + " ".join(f"{sd:g}" for sd in args.cps_sd)

@@ -1,7 +1,7 @@
 """Check the simulator against real training steps on a CUDA GPU.
 
 Run (on a machine with a CUDA GPU and a CUDA build of torch):
-``PYTHONPATH=src .venv/bin/python bench/validate_gpu.py --device cuda --out docs/benchmarks.md``
+``PYTHONPATH=src .venv/bin/python -m bench validate_gpu --device cuda --out docs/benchmarks.md``
 
 1. Each item of ``docs/memory_cuda.md`` that a CPU trace cannot see (allocator rounding
    and segments, cuBLAS workspace, cuDNN convolution workspace, RNN reserve space,
@@ -53,17 +53,16 @@ from typing import Any
 # setting in the environment wins).
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-import torch  # noqa: E402
+import torch
 
 # The grid, transformers and the simulator are imported only once CUDA is known to be
 # there (see _load), so that a machine without it gets its answer at once.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 _grid = None
 
 SECTION = "memory-accuracy-gpu"
 TIMING_SECTION = "step-time-accuracy-gpu"
 COMMAND = (
-    "PYTHONPATH=src .venv/bin/python bench/validate_gpu.py --device cuda --out docs/benchmarks.md"
+    "PYTHONPATH=src .venv/bin/python -m bench validate_gpu --device cuda --out docs/benchmarks.md"
 )
 MIB = 2**20
 GIB = 2**30
@@ -92,7 +91,7 @@ def cuda_unavailable_reason() -> str | None:
 def _load() -> None:
     """Import the grid (and with it transformers and the simulator)."""
     global _grid
-    import _grid as grid_module
+    from bench import _grid as grid_module
 
     _grid = grid_module
 
@@ -189,7 +188,7 @@ def largest_batch(fits: Callable[[int], bool]) -> int:
 def largest_batch_from(start: int, fits: Callable[[int], bool]) -> int:
     """:func:`gpu_check.search_from` up to :data:`MAX_BATCH` (whisper-base on an H200: 8
     trials, 46 s, against more than 130 s doubling from 1)."""
-    from gpu_check import search_from
+    from bench.gpu_check import search_from
 
     return search_from(start, fits, MAX_BATCH)
 
@@ -304,7 +303,7 @@ def main() -> None:
     device = "cuda"
     budget_bytes = torch.cuda.mem_get_info()[0]
     workspace_bytes = measure_workspace_bytes(device)
-    import _gpu_effects
+    from bench import _gpu_effects
 
     effects = _gpu_effects.run_all(device, workspace_bytes)
     _release(device)
@@ -375,20 +374,19 @@ def step_time_section(device: str, only: list[str] | None = None) -> str:
     """
     import statistics
 
-    import step_time_accuracy as sta
-    from _timing import time_case
-
     from asrfit.profiles.hardware import HardwareProfile
     from asrfit.profiles.rates import gpu_rates
+    from bench._timing import time_case
+    from bench.cases import cases as case_list
+    from bench.cases import family_group
 
     spec = HardwareProfile.detect().spec
     if spec is None:
         return "## Step time (GPU)\n\nThe detected GPU is not in the catalog: no rates to predict with."
     rates = gpu_rates(spec)
     cases = [
-        *sta.fitted_cases(),
-        *sta.held_out_cases(),
-        *sta._group("wav2vec2-base", "adamw", 8.0, 100),
+        *case_list("step-time-fit", "step-time-1"),
+        *family_group("wav2vec2-base", "adamw", 8.0, 100),
     ]
     cases = [c for c in cases if not only or any(s in c.name for s in only)]
     lines = [

@@ -1,6 +1,6 @@
 """The seed documents' worked examples, planned by asrfit.
 
-Run: ``python bench/worked_examples.py --out docs/worked_examples.md``
+Run: ``python -m bench worked_examples --out docs/worked_examples.md``
 
 Each example plans a model for a LibriSpeech-like dataset (28,539 utterances shaped like
 train-clean-100, see ``bench/_corpora.py``) on a catalog GPU with a target of 32 utterances
@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _corpora import write_librispeech_like  # noqa: E402
+from bench._corpora import write_librispeech_like
 
 EXAMPLES = [
     ("xls-r-1b", "L4"),
@@ -61,7 +59,7 @@ def main() -> None:
     sections = [
         "# Worked examples",
         "",
-        f"Command: `PYTHONPATH=src .venv/bin/python bench/worked_examples.py --out docs/worked_examples.md` ({date.today()}, CPU only).",
+        f"Command: `PYTHONPATH=src .venv/bin/python -m bench worked_examples --out docs/worked_examples.md` ({date.today()}, CPU only).",
         "Dataset: 28,539 LibriSpeech-like utterances (train-clean-100 shaped, 1.3-24.5 s). Target: 32 utterances/step.",
         "The seed documents' own claimed numbers for these examples were not provided to this repository, so the",
         "seed column applies the seed's formula (activations per sample = 10% of fp32 weight bytes) to asrfit's",

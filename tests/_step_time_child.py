@@ -10,15 +10,12 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import _grid  # noqa: E402
-from _timing import time_cases  # noqa: E402
-
-from asrfit.profiles.host import measure_host_rates  # noqa: E402
+from asrfit.profiles.host import measure_host_rates
+from bench import _grid
+from bench._timing import time_cases
 
 # The base setups of the held-out families of docs/benchmarks.md, "Step time: predicted vs
 # measured (CPU)": the cases behind its held-out figure.

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _frames import FrameModel  # the script's folder is on the path (tests/)
 from torch.nn.parallel import DistributedDataParallel
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _frames import FrameModel  # noqa: E402
 
 STEPS = 2
 FRAMES = 5

@@ -16,13 +16,15 @@ def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "ASRFIT_CACHE_DIR": str(tmp_path / "cache"),
-        "PYTHONPATH": str(ROOT / "src"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "OMP_NUM_THREADS": "1",
     }
     predictions, out = tmp_path / "predictions.json", tmp_path / "out"
     command = [
         sys.executable,
-        str(ROOT / "bench" / "gpu_check.py"),
+        "-m",
+        "bench",
+        "gpu_check",
         "--dry-run",
         "--predict",
         str(predictions),
@@ -35,7 +37,7 @@ def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path: Path) -> None:
         "--render",
         str(out),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     pred = json.loads(predictions.read_text())
     assert pred["boundary"][0]["predicted_batch"] > 0 and pred["heldout"][0]["cost_rows"]

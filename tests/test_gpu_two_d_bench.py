@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
 
 _saved = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-import gpu_two_d  # noqa: E402  (sets PYTORCH_CUDA_ALLOC_CONF for a GPU run: undone below)
+from bench import gpu_two_d  # noqa: E402  (sets PYTORCH_CUDA_ALLOC_CONF for a GPU run: undone below)
 
 if _saved is None:
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)

@@ -20,12 +20,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _load(name: str):
-    """Import a bench/ script as a module (bench/ is not a package)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
+    """The module ``bench.<name>`` (bench/ is a package; the repository root is on the path)."""
     saved = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(f"bench.{name}")
     finally:  # validate_gpu sets the allocator config for its own process only
         if saved is None:
             os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
@@ -131,13 +129,15 @@ def test_largest_batch_from_a_prediction_finds_every_boundary() -> None:
 
 def test_validate_gpu_exits_cleanly_without_cuda(tmp_path: Path) -> None:
     out = tmp_path / "benchmarks.md"
-    env = {**os.environ, "PYTHONPATH": str(SRC), "CUDA_VISIBLE_DEVICES": ""}
+    path = os.pathsep.join([str(SRC), str(BENCH.parent)])
+    env = {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
-        [sys.executable, str(BENCH / "validate_gpu.py"), "--device", "cuda", "--out", str(out)],
+        [sys.executable, "-m", "bench", "validate_gpu", "--device", "cuda", "--out", str(out)],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
+        cwd=BENCH.parent,
     )
     assert result.returncode == 0, result.stderr
     assert "CUDA is not available" in result.stderr

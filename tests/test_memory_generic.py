@@ -5,21 +5,15 @@ Each is compared with a plain real CPU step counted at the allocator (bench/_tru
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import _truth  # noqa: E402
-
-from asrfit.errors import UnsupportedModelError  # noqa: E402
-from asrfit.memory.adapters import BatchShape  # noqa: E402
-from asrfit.memory.generic import speech_adapter  # noqa: E402
-from asrfit.memory.setup import Setup  # noqa: E402
-from asrfit.memory.simulate import simulate_step  # noqa: E402
+from asrfit.errors import UnsupportedModelError
+from asrfit.memory.adapters import BatchShape
+from asrfit.memory.generic import speech_adapter
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+from bench import _truth
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

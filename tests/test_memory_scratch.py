@@ -8,8 +8,6 @@ are the scratch the rules must predict.
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,11 +22,8 @@ aten = torch.ops.aten
 
 
 def _bench(name: str):
-    """Import a bench/ script as a module (bench/ is not a package)."""
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    return importlib.import_module(name)
+    """The module ``bench.<name>`` (bench/ is a package; the repository root is on the path)."""
+    return importlib.import_module(f"bench.{name}")
 
 
 def _measured_scratch(fn, op_name: str) -> int:

@@ -7,21 +7,15 @@ mode active, and is itself checked here against closed-form byte counts.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import _truth  # noqa: E402
-
-from asrfit.memory import simulate_model  # noqa: E402
-from asrfit.memory.adapters import BatchShape, hf_adapter  # noqa: E402
-from asrfit.memory.setup import Setup  # noqa: E402
-from asrfit.memory.simulate import simulate_step  # noqa: E402
+from asrfit.memory import simulate_model
+from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+from bench import _truth
 
 
 class _Scale(nn.Module):

@@ -7,28 +7,22 @@ same step without checkpointing (gradients must be equal).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import _truth  # noqa: E402
-
-from asrfit.errors import ConfigError  # noqa: E402
-from asrfit.memory.adapters import BatchShape, hf_adapter  # noqa: E402
-from asrfit.memory.setup import Setup  # noqa: E402
-from asrfit.memory.simulate import simulate_step  # noqa: E402
-from asrfit.models.checkpointing import (  # noqa: E402
+from asrfit.errors import ConfigError
+from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+from asrfit.models.checkpointing import (
     checkpoint_first_layers,
     encoder_layer_count,
     encoder_layers,
 )
-from asrfit.models.conformer import ConformerForCTC, conformer_config  # noqa: E402
-from asrfit.train.config import TrainingConfig  # noqa: E402
+from asrfit.models.conformer import ConformerForCTC, conformer_config
+from asrfit.train.config import TrainingConfig
+from bench import _truth
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -346,13 +346,8 @@ def test_traced_step_runs_as_many_kernels_as_the_real_step(arch: str, one_thread
     """Forward and backward kernel counts of the fake-tensor trace equal those of the real
     step, counted op by op on real tensors (queries such as ``prim::device``, which a fake
     tensor answers through the dispatcher, are not kernels)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import _grid
-
     from asrfit.memory.adapters import hf_adapter
+    from bench import _grid
 
     case = _grid.Case(arch, "fp32", False, "sgd", 2, 1.0, 6)
     sim = simulate_step(hf_adapter(case.config()), case.batch, case.setup, target="cpu")

@@ -37,6 +37,9 @@ def test_predicted_step_times_are_within_the_published_error() -> None:
         )
     env = {k: v for k, v in os.environ.items() if k != "ASRFIT_HOST_MALLOC"}
     env["OMP_NUM_THREADS"] = "1"
+    # the child imports bench.*: the repository root on its path, beside the package's source
+    root = CHILD.parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root)])
     result = subprocess.run(
         [sys.executable, str(CHILD), "3", "3", "5"],
         env=env, capture_output=True, text=True, timeout=300, check=False,

@@ -10,24 +10,18 @@ that one vocabulary-by-width tensor is many times the tolerance.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 import transformers
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import _truth  # noqa: E402
-
-from asrfit.memory import simulate_model  # noqa: E402
-from asrfit.memory.adapters import BatchShape  # noqa: E402
-from asrfit.memory.generic import speech_adapter  # noqa: E402
-from asrfit.memory.setup import Setup  # noqa: E402
-from asrfit.memory.simulate import simulate_step  # noqa: E402
+from asrfit.memory import simulate_model
+from asrfit.memory.adapters import BatchShape
+from asrfit.memory.generic import speech_adapter
+from asrfit.memory.setup import Setup
+from asrfit.memory.simulate import simulate_step
+from bench import _truth
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -27,10 +27,10 @@ values when known), under ``torch.profiler``'s allocator events, and caches the 
 This is the issue's fallback "measure on this machine once per (op, shapes, dtype) and
 cache it" applied uniformly: it is exact for the kernels this CPU runs, whatever oneDNN
 picks, at the cost of one real op per distinct shape (repeated layers hit the cache). The
-list was chosen by measuring a wider set of candidates on the six diagnosis steps of
-``bench/_heldout.py``: scratch appeared in convolution (forward about ``max(in + w, out)``,
-backward up to twice its input for Conv2d: source and gradient reorders to blocked
-layouts), ``mkldnn_rnn_layer`` (workspace and scratch), layer norm, CPU flash attention,
+list was chosen by measuring a wider set of candidates on the six diagnosis steps
+(``bench/cases.py``, set memory-rules): scratch appeared in convolution (forward about
+``max(in + w, out)``, backward up to twice its input for Conv2d: source and gradient reorders
+to blocked layouts), ``mkldnn_rnn_layer`` (workspace and scratch), layer norm, CPU flash attention,
 CTC backward, log-softmax, ``logsumexp`` and dimension reductions; none in fp32
 ``mm``/``addmm``/``bmm``, softmax, GLU or ``cumsum``, which are therefore not measured
 (matmuls are, with 16-bit operands, where oneDNN may convert or pack). An op outside the

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from asrfit.memory.setup import Precision, Setup
-from asrfit.memory.simulate import _build, _default_dtype, _float_dtype
+from asrfit.memory.simulate import _build, _float_dtype, default_dtype
 from asrfit.memory.step import BatchShape, StepAdapter
 
 
@@ -29,7 +29,7 @@ def float_dtype(setup: Setup) -> torch.dtype:
 
 def build_model(adapter: StepAdapter, setup: Setup, device: str = "cpu") -> nn.Module:
     """The adapter's model with real weights on ``device``, built as the simulator builds it."""
-    with _default_dtype(float_dtype(setup)):
+    with default_dtype(float_dtype(setup)):
         model = _build(adapter, setup)
     return model.to(device)
 
@@ -42,7 +42,7 @@ def real_inputs(adapter: StepAdapter, batch: BatchShape, setup: Setup, device: s
     from asrfit.memory.tracker import StorageTracker
 
     tracker = StorageTracker()
-    with FakeTensorMode(), _default_dtype(float_dtype(setup)):
+    with FakeTensorMode(), default_dtype(float_dtype(setup)):
         fake = adapter.make_inputs(batch, tracker)
         generator = torch.Generator().manual_seed(0)
         real: dict[str, Any] = {}

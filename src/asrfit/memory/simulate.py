@@ -154,7 +154,8 @@ def _autocast(setup: Setup) -> contextlib.AbstractContextManager:
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Make ``dtype`` torch's default dtype inside the block (the one a model is built in)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -211,7 +212,7 @@ def _float_dtype(setup: Setup) -> torch.dtype:
 
 def _build(adapter: StepAdapter, setup: Setup) -> nn.Module:
     # Pure bf16 builds the weights in bf16 directly (``.to()`` cannot swap fake parameters).
-    with _default_dtype(_float_dtype(setup)):
+    with default_dtype(_float_dtype(setup)):
         model = adapter.build()
     if setup.gradient_checkpointing:
         kwargs = {"use_reentrant": False}
@@ -379,7 +380,7 @@ def _forward_backward(
     params: list[torch.Tensor],
 ) -> list[torch.Tensor]:
     """Inputs, forward, loss and backward of one step; the gradients it leaves."""
-    with _phase(tracker, "inputs"), _default_dtype(_float_dtype(setup)):
+    with _phase(tracker, "inputs"), default_dtype(_float_dtype(setup)):
         inputs = adapter.make_inputs(batch, tracker)
         tracker.register(inputs, "inputs")
     with _phase(tracker, "forward"), _autocast(setup):

@@ -60,7 +60,8 @@ def _on_host(tensor: torch.Tensor) -> bool:
     return _HOST_KERNELS and tensor.device.type == "cpu"
 
 
-def _fast(tensor: torch.Tensor, p: float) -> bool:
+def uses_fast_path(tensor: torch.Tensor, p: float) -> bool:
+    """Whether dropout of ``tensor`` at ``p`` takes this module's fast CPU mask."""
     return _on_host(tensor) and 0.0 < p < 1.0
 
 
@@ -97,7 +98,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``F.dropout(x, p, training)``, with the fast mask on a CPU."""
     if not training or p == 0.0:
         return x
-    if not _fast(x, p):
+    if not uses_fast_path(x, p):
         return F.dropout(x, p, training=True)
     return x * keep_scale(x.shape, p, x)  # backward keeps the float mask
 
@@ -165,7 +166,7 @@ def attention(
     Every query must attend to at least one key (a fully masked row gives NaN here, zeros in
     PyTorch's math path).
     """
-    if not _fast(query, dropout_p):
+    if not uses_fast_path(query, dropout_p):
         # looked up at call time: the memory simulator swaps in the CUDA kernels' shapes
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal

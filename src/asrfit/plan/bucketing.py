@@ -26,7 +26,7 @@ MFU = {Precision.BF16: 0.40, Precision.FP16: 0.40, Precision.PURE_BF16: 0.45, Pr
 BUCKET_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 30)
 
 
-def _bucket_edges(durations: np.ndarray, count: int, max_seconds: float) -> list[float]:
+def bucket_edges(durations: np.ndarray, count: int, max_seconds: float) -> list[float]:
     """Upper edges that split the audio into ``count`` parts of equal total duration."""
     d = np.sort(durations[durations <= max_seconds])
     if count == 1 or d.size < count:
@@ -37,7 +37,8 @@ def _bucket_edges(durations: np.ndarray, count: int, max_seconds: float) -> list
     return [*edges, max_seconds]
 
 
-def _step_seconds(costs: SetupCosts, hardware: Any, b: int, t: int, u: int) -> float:
+def bucket_step_seconds(costs: SetupCosts, hardware: Any, b: int, t: int, u: int) -> float:
+    """Predicted seconds of one step of ``b`` utterances padded to ``t`` frames and ``u`` labels."""
     rates = device_rates(hardware)
     if rates is not None:  # per-op roofline of the traced kernels (asrfit.plan.speed)
         return predict_step_seconds(costs, rates, b, t, u)
@@ -63,7 +64,7 @@ def _duration_bins(
     if count not in known:
         kept = durations[durations <= max_seconds]
         bins, lo = [], 0.0
-        for edge in _bucket_edges(durations, count, max_seconds):
+        for edge in bucket_edges(durations, count, max_seconds):
             inside = kept[(kept > lo) & (kept <= edge)] if lo > 0 else kept[kept <= edge]
             if inside.size:
                 bins.append((lo, edge, inside, float(inside.mean())))
@@ -116,7 +117,7 @@ def bin_bucket(
         return None
     if batch_cap is not None:
         b = min(b, batch_cap)
-    step = _step_seconds(costs, hardware, b, t, u)
+    step = bucket_step_seconds(costs, hardware, b, t, u)
     mean = float(members.mean()) if mean_seconds is None else mean_seconds
     bucket = Bucket(
         min_seconds=seconds[0],

@@ -223,7 +223,7 @@ class CostEstimator:
             ready = self._ready.pop(key, None)  # traced by a worker (prefetch)
             if ready is not None:
                 return ready
-            return self._trace(batch, setup, optimizer_step, forward_backward)
+            return self.trace(batch, setup, optimizer_step, forward_backward)
 
         if key not in self._memo:
             self._memo[key] = cached(key, compute)
@@ -236,9 +236,10 @@ class CostEstimator:
             self.model_key, batch, setup, self.target, 1, optimizer_step, forward_backward
         )
 
-    def _trace(
+    def trace(
         self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
     ) -> StepMemory:
+        """One uncached trace of ``batch`` under ``setup`` (reduced depth where it pays)."""
         self._traced_here = True
         common = {
             "target": self.target,
@@ -272,13 +273,13 @@ class CostEstimator:
             # the first trace imports the tracing code (and the model's, where nothing has
             # built it yet) and warms the fake-tensor caches: here, once, for workers to share
             key = next(iter(todo))
-            self._ready[key] = self._trace(*todo.pop(key))
+            self._ready[key] = self.trace(*todo.pop(key))
         from asrfit.memory.depth import learn_whole_cheaper, whole_cheaper
 
         def job(request: Request) -> tuple[StepMemory, list]:
             # with what the trace taught this process about tracing the setup whole
             # (asrfit.memory.depth), so that the planner's later traces follow it too
-            return self._trace(*request), whole_cheaper(self.adapter)
+            return self.trace(*request), whole_cheaper(self.adapter)
 
         def save(result: tuple[StepMemory, list], path: Path) -> None:
             step, learned = result

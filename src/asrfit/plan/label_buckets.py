@@ -37,8 +37,8 @@ from asrfit.memory.roofline import step_seconds_parts
 from asrfit.plan.bucketing import (
     BUCKET_COUNTS,
     BucketResult,
-    _bucket_edges,
     bin_bucket,
+    bucket_edges,
     plan_buckets,
 )
 from asrfit.plan.costs import CostEstimator, SetupCosts
@@ -182,7 +182,7 @@ def plan_buckets_2d(
         if count > MAX_BUCKETS // 2:
             break
         lo, buckets, total_audio, total_time, ok = 0.0, [], 0.0, 0.0, True
-        for edge in _bucket_edges(durations, count, max_seconds):
+        for edge in bucket_edges(durations, count, max_seconds):
             inside = (d_all > lo) & (d_all <= edge) if lo > 0 else d_all <= edge
             if not inside.any():
                 continue

@@ -4,7 +4,7 @@ A plan fills at most ``HardwareProfile.safety_margin`` of each device's memory (
 the user sets it). The headroom left must cover what the prediction can miss:
 
 1. the simulator's own error: the worst **under**-prediction measured against plain real
-   steps counted at the allocator (``bench/memory_accuracy.py --heldout``, section
+   steps counted at the allocator (``python -m bench memory_accuracy --heldout``, section
    ``memory-accuracy-heldout`` of ``docs/benchmarks.md``): :data:`WORST_UNDER_PREDICTION_PCT`;
 2. CUDA effects the CPU trace models by formula rather than traces (allocator
    fragmentation, library workspaces; ``docs/memory_cuda.md``): on a GPU the reserved memory

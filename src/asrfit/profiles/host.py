@@ -305,7 +305,8 @@ def _kind_bandwidth_curves() -> dict[str, dict[str, list[list[float]]]]:
     return curves
 
 
-def _bandwidth() -> float:
+def stream_bandwidth() -> float:
+    """Bytes per second of ``torch.add`` of two large fp32 arrays into a third (DRAM streaming)."""
     import torch
 
     a, b, c = (torch.randn(_BANDWIDTH_NUMEL) for _ in range(3))
@@ -319,9 +320,8 @@ def _bandwidth_curve() -> list[list[float]]:
     step once glibc keeps freed memory (:mod:`asrfit.train.host_allocator`, what ``asrfit
     train`` does on a CPU); with glibc's defaults an output above its largest mmap
     threshold (32 MiB) is a fresh mapping whose pages the kernel faults in and zeroes on
-    every step (on a 2-core AMD EPYC: 14 GB/s at 32 MiB and
-    above against 53 GB/s into an existing array), which ``bench/host_allocator.py``
-    measures."""
+    every step (on a 2-core AMD EPYC: 14 GB/s at 32 MiB and above against 53 GB/s into an
+    existing array), which ``bench/host_allocator.py`` measures."""
     import torch
 
     def point(numel: int) -> list[float]:
@@ -376,7 +376,7 @@ def _measure_once(threads: int | None) -> DeviceRates:
         }
         curves["bandwidth"] = {"fp32": _bandwidth_curve()}
         curves.update(_kind_bandwidth_curves())
-        bandwidth = _bandwidth()
+        bandwidth = stream_bandwidth()
         kinds = _kind_bandwidths()
         by_kind = kernel_seconds_by_kind()
         module = module_call_seconds()

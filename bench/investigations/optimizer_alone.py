@@ -1,5 +1,14 @@
 """The planner's optimizer-state traces: the full step against the optimizer step alone.
 
+Question (2026-11-25): Does tracing the optimizer step alone (each parameter given a gradient of
+its own shape) give the full step's optimizer phase?
+
+Answer: Yes: the optimizer phase's and ``zero_grad``'s peaks, the state, the parameters and the
+optimizer's kernel rows equal to the byte for wav2vec2-base, whisper-small and
+parakeet-tdt-0.6b-v2 with AdamW, Adafactor and 8-bit AdamW (and XLS-R-1B at reduced depth), at
+1.6-3.4x less CPU per trace (docs/benchmarks.md, "the optimizer-state traces without forward and
+backward").
+
 The planner traces one tiny step per (precision, optimizer) for the optimizer phase's peak
 and the model states, neither of which depends on the batch. That trace used to run the
 forward and backward pass first; now (``simulate_step(..., forward_backward=False)``) each
@@ -8,7 +17,7 @@ optimizer step is traced. This bench traces both ways, one after the other in on
 and checks that the optimizer phase's peak, the state, the parameters and the optimizer's
 kernel rows are the same.
 
-Run: ``PYTHONPATH=src python bench/optimizer_alone.py [--models wav2vec2-base whisper-small
+Run: ``PYTHONPATH=src python -m bench investigations.optimizer_alone [--models wav2vec2-base whisper-small
 parakeet-tdt-0.6b-v2] [--scaled]``; ``--scaled`` traces through ``scaled_step`` as the planner
 does (repeated layers at reduced depth where that is worth it: XLS-R-1B). CPU seconds are this
 process's own, per trace.

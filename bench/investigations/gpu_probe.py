@@ -1,7 +1,16 @@
 """Where a GPU step's memory and time go that the simulator misses (raw data for offline reading).
 
+Question (2026-11-27): Where do a GPU step's memory and time go that the simulator missed on the
+grid cases it under-predicted?
+
+Answer: Three mechanisms, read from the caching allocator's history on a lent H200: CUDA
+autocast runs layer norm, group norm and softmax in fp32; CUDA layer norm copies a strided
+input; Parakeet-TDT's 14-16 MiB is cuDNN's LSTM backward workspace. The first two are in the
+simulator since; the third is not modelled (cuDNN picks its size) (docs/benchmarks.md, "Memory:
+three mechanisms, from the allocator's history").
+
 Run on a machine with a CUDA GPU:
-``PYTHONPATH=src python3 bench/gpu_probe.py --out $OUT``
+``PYTHONPATH=src python3 -m bench investigations.gpu_probe --out $OUT``
 
 1. ``snapshot-*.pickle``: the CUDA caching allocator's history over the second step of three
    under-predicted grid cases (``torch.cuda.memory._record_memory_history``), to be read on
@@ -26,15 +35,12 @@ from pathlib import Path
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
 
 def _model(case: object) -> tuple:
-    import _grid
-
     from asrfit.memory.optimizers import make_optimizer
+    from bench import _grid
 
     model = _grid.build_real_model(case, "cuda")
     optimizer = make_optimizer(case.setup, [p for p in model.parameters() if p.requires_grad])
@@ -43,7 +49,7 @@ def _model(case: object) -> tuple:
 
 
 def snapshots(out: Path) -> None:
-    import _grid
+    from bench import _grid
 
     for case in (
         _grid.Case("wav2vec2", "bf16", False, "adamw", 3, 2.0, 10),
@@ -66,7 +72,7 @@ def snapshots(out: Path) -> None:
 
 
 def _enqueue(case: object, steps: int = 7) -> dict:
-    import _grid
+    from bench import _grid
 
     model, optimizer, batch = _model(case)
     host, total = [], []
@@ -86,14 +92,14 @@ def _enqueue(case: object, steps: int = 7) -> dict:
 
 
 def enqueue(out: Path) -> None:
-    import _grid
-    import step_time_accuracy as sta
+    from bench import _grid
+    from bench.cases import cases as case_list
+    from bench.cases import family_group
 
     rows = []
     for case in [
-        *sta.fitted_cases(),
-        *sta.held_out_cases(),
-        *sta._group("wav2vec2-base", "adamw", 8.0, 100),
+        *case_list("step-time-fit", "step-time-1"),
+        *family_group("wav2vec2-base", "adamw", 8.0, 100),
     ]:
         try:
             rows.append(_enqueue(case))
@@ -113,8 +119,9 @@ def enqueue(out: Path) -> None:
 
 
 def profiles(out: Path) -> None:
-    import _grid
     from torch.profiler import ProfilerActivity, profile
+
+    from bench import _grid
 
     for case in (
         _grid.Case("wav2vec2", "fp32", False, "adamw", 2, 1.5, 10),

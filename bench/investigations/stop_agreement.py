@@ -1,6 +1,12 @@
 """What the per-step stop agreement costs: one all-reduce of one integer across processes.
 
-Run: ``PYTHONPATH=src .venv/bin/python bench/stop_agreement.py`` (it starts itself under
+Question (2026-11-28): What does the trainer's per-step stop agreement (one all-reduce of one
+integer across processes) cost?
+
+Answer: Little: median 407 us a step on 2 gloo CPU processes, against 5.6 ms for the all-reduce
+of conformer-ctc-tiny's 1.1 M gradients that DDP makes every step anyway (docs/reliability.md).
+
+Run: ``PYTHONPATH=src .venv/bin/python -m bench investigations.stop_agreement`` (it starts itself under
 ``torch.distributed.run`` with ``--processes`` CPU processes on gloo).
 
 Each process times :meth:`asrfit.train.interrupt.InterruptRequest.agreed` (what the trainer

@@ -1,6 +1,15 @@
 """Follow-up of ``bench/gpu_heldout.py`` on a lent GPU: cuDNN on and off, host speed.
 
-``PYTHONPATH=src python3 bench/gpu_recheck.py --out $OUT/recheck.json``: for the held-out
+Question (2026-11-27): Are the held-out GPU memory misses of ``bench/gpu_heldout.py`` cuDNN's
+convolution workspace, and is this machine's host as fast as the one that timed the steps first?
+
+Answer: Mostly cuDNN: with cuDNN disabled the measured peak equals the prediction for wav2vec2
+h256, parakeet-ctc h48 and conformer d64, and comes within 1.7 % (moonshine) and 11 % (conformer
+d96); the workspace changed from run to run and shrinks near the memory limit, so the planner
+does not add it (docs/benchmarks.md, held-out GPU check; raw data
+``bench/data/gpu-recheck.json``).
+
+``PYTHONPATH=src python3 -m bench investigations.gpu_recheck --out $OUT/recheck.json``: for the held-out
 cases the simulator missed most, the real step's peak with cuDNN enabled and disabled (a
 miss that vanishes without cuDNN is its workspace); this machine's per-kernel host costs
 (:func:`gpu_host.fixed_costs`, CUDA and CPU); and three held-out steps timed again, to
@@ -15,8 +24,6 @@ import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MISSED = (
     "wav2vec2 h256 x4 layer fp32 adamw 4x4s",
@@ -40,8 +47,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("gpu_recheck: CUDA is not available; nothing measured.", file=sys.stderr)
         return
-    import gpu_heldout
-    import gpu_host
+    from bench import gpu_heldout, gpu_host
 
     torch.cuda.set_device(0)
     by_name = {c.name: c for c in gpu_heldout.cases()}
