@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from asrfit.errors import ConfigError
-from asrfit.memory.costmodel import PeakModel
 from asrfit.memory.setup import Setup
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.plan.plan import Plan
+from asrfit.testing import make_plan
 from asrfit.train.monitor import MemoryMonitor
 from asrfit.train.probes import MemorySample, host_rss_bytes
 
@@ -304,18 +304,16 @@ class TinyRegressor(nn.Module):
 
 
 def tiny_plan() -> Plan:
-    return Plan(
-        model="tiny", gpu="T4", usable_bytes=int(13.6 * GIB),
+    """Batch limits 8 and 2 over 0-4-10 s on a T4's 13.6 GiB usable."""
+    return make_plan(
+        (8, 2),
+        bucket_edges_seconds=(0.0, 4.0, 10.0),
+        utterance_fractions=(0.6, 0.4),
+        usable_bytes=int(13.6 * GIB),
         setup=Setup(precision="fp32", gradient_checkpointing=False, optimizer="adamw"),
-        buckets=[Bucket(0.0, 4.0, 8, 64000, 60, int(2e9), 0.6, 100.0),
-                 Bucket(4.0, 10.0, 2, 160000, 150, int(3e9), 0.4, 110.0)],
-        gradient_accumulation_steps=1, target_effective_batch="2 utterances",
-        effective_batch_utterances=2.0, effective_batch_hours=0.001,
-        predicted_throughput_seconds_per_second=100.0, predicted_epoch_seconds=60.0,
-        cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
-        data=DataDecisions(streaming=False, cache_decoded_audio=True, long_utterances="chunk",
-                           max_seconds=10.0, long_utterance_fraction=0.0, num_workers=0),
-    )  # fmt: skip
+        gradient_accumulation_steps=1,
+        target_effective_batch="2 utterances",
+    )
 
 
 def run_trainer(tmp_path: Path, callback) -> tuple[object, list[dict]]:
