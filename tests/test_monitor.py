@@ -8,6 +8,7 @@ import logging
 import mmap
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,21 +73,29 @@ def vm_rss_bytes() -> int:
 
 
 def test_cpu_jsonl_lines_have_the_keys_and_increasing_steps(tmp_path: Path) -> None:
+    # each step's wall time, bracketed by this test's own clock: the step holds a 20 ms sleep,
+    # and the monitor's figure lies between the time inside and the time around its two calls
+    brackets = []
     with MemoryMonitor(8 * GIB, device="cpu", log_dir=tmp_path) as monitor:
         for step in (1, 2, 3):
+            before = time.perf_counter()
             monitor.start_step()
+            inside = time.perf_counter()
             block = torch.ones(1024, 1024)  # 4 MiB touched inside the step
             del block
+            time.sleep(0.02)
+            inside = time.perf_counter() - inside
             monitor.end_step(step, bucket=0, predicted_bytes=GIB, batch_size=4)
+            brackets.append((inside, time.perf_counter() - before))
     lines = read_jsonl(tmp_path / "memory.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3]
-    for line in lines:
+    for line, (inside, around) in zip(lines, brackets, strict=True):
         assert set(line) == RECORD_KEYS
         assert line["device"] == "cpu" and line["source"] in ("rss", "rss+vmhwm")
         assert line["allocated_bytes"] == line["reserved_bytes"]  # both are the RSS on CPU
         assert line["peak_reserved_bytes"] >= line["reserved_bytes"] > 50 * 2**20
         assert line["budget_bytes"] == 8 * GIB and line["batch_size"] == 4
-        assert line["step_seconds"] >= 0
+        assert 0.02 <= inside <= line["step_seconds"] <= around
         assert line["measured_over_predicted"] == pytest.approx(line["peak_reserved_bytes"] / GIB)
 
 

@@ -96,13 +96,22 @@ def test_longest_bucket_agrees_with_a_fresh_two_step_simulation(
         BatchShape(last.batch_size, last.max_input_length, last.max_label_length),
         p.setup,
     )
-    fresh = predict_cuda(
-        step.peak_bytes,
-        step.segment_bytes(p.expandable_segments),
-        architecture=p.architecture,
-        expandable_segments=p.expandable_segments,
-    ).reserved_bytes
-    assert fresh == pytest.approx(last.predicted_peak_bytes, rel=0.05)
+
+    def reserved(extra_bytes: int) -> int:
+        return predict_cuda(
+            step.peak_bytes,
+            step.segment_bytes(p.expandable_segments) + extra_bytes,
+            architecture=p.architecture,
+            expandable_segments=p.expandable_segments,
+        ).reserved_bytes
+
+    # The published bound: the planner's figure within 0.14 % of the fresh one (README and
+    # docs/benchmarks.md, "Bucket limits against fresh full simulations"). With expandable
+    # segments the planner adds the pages' bound where the fresh figure has the pages this
+    # trace fills, so its figure may also be up to that bound above (the same section).
+    pages = EXPANDABLE_PAGES_BOUND_BYTES if p.expandable_segments else 0
+    fresh, highest = reserved(0), reserved(pages)
+    assert fresh * (1 - 0.0014) <= last.predicted_peak_bytes <= highest * (1 + 0.0014)
 
 
 @pytest.mark.parametrize("expandable", [True, False], ids=["expandable", "classic"])
