@@ -12,9 +12,9 @@ from torch import nn
 
 from asrfit.data.sampler import MemoryBudgetSampler
 from asrfit.errors import ConfigError
-from asrfit.memory.costmodel import PeakModel
 from asrfit.memory.setup import Setup
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.plan.plan import Plan
+from asrfit.testing import plans
 from asrfit.train.batching import AnalyticBatchSampler
 from asrfit.train.checkpoint import (
     latest_checkpoint,
@@ -28,24 +28,14 @@ from asrfit.train.trainer import MemoryEfficientTrainer
 
 
 def make_plan() -> Plan:
-    return Plan(
-        model="tiny",
-        gpu="T4",
-        usable_bytes=int(13.6 * 2**30),
+    """Batch limits 4, 3 and 2 over 0-4-8-12 s; accumulation 2 toward 8 utterances."""
+    return plans.make_plan(
+        (4, 3, 2),
+        bucket_edges_seconds=(0.0, 4.0, 8.0, 12.0),
+        utterance_fractions=(0.5, 0.4, 0.1),
         setup=Setup(precision="fp32", optimizer="adamw"),
-        buckets=[
-            Bucket(0.0, 4.0, 4, 64000, 60, int(12e9), 0.5, 100.0),
-            Bucket(4.0, 8.0, 3, 128000, 120, int(12.5e9), 0.4, 110.0),
-            Bucket(8.0, 12.0, 2, 192000, 180, int(13e9), 0.1, 90.0),
-        ],
         gradient_accumulation_steps=2,
         target_effective_batch="8 utterances",
-        effective_batch_utterances=8.0,
-        effective_batch_hours=0.01,
-        predicted_throughput_seconds_per_second=100.0,
-        predicted_epoch_seconds=60.0,
-        cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
-        data=DataDecisions(False, True, "chunk", 12.0, 0.0, 0),
     )
 
 

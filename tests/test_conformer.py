@@ -469,7 +469,9 @@ def test_simulated_peak_matches_a_real_cpu_step():
     assert sim.optimizer_state_bytes == moments + 512 * len(params)
     assert sim.assumptions == []
     error = (sim.peak_raw_bytes - real) / real
-    assert abs(error) <= 0.05, f"simulated {sim.peak_raw_bytes} B, measured {real} B"
+    # the published bound for a simulated CPU step against the allocator's peak: README and
+    # docs/benchmarks.md, "Memory accuracy on held-out steps (CPU)", 47 cases, max 0.45 %
+    assert abs(error) <= 0.0045, f"simulated {sim.peak_raw_bytes} B, measured {real} B"
 
 
 class _LiveStorages(TorchDispatchMode):

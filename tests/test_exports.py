@@ -10,10 +10,9 @@ import pytest
 import yaml
 
 from asrfit.errors import ConfigError
-from asrfit.memory.costmodel import PeakModel
 from asrfit.memory.setup import Setup
 from asrfit.plan.exports import EXPORT_FILENAMES, EXPORT_FORMATS, export_plan, export_text
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.testing import make_plan
 
 # Hand-made plan: buckets of 32 / 12 / 5 utterances, accumulation 2, 4 workers, target 32.
 SMALLEST_BATCH = 5
@@ -33,10 +32,9 @@ def example_plan(
     long_utterances="chunk",
     last_fraction=0.1,
 ):
-    return Plan(
+    """asrfit.testing's reference plan (batches 32 / 12 / 5 over 0-4-10-20 s) for xls-r-300m."""
+    return make_plan(
         model="xls-r-300m",
-        gpu="T4",
-        usable_bytes=int(13.6 * 2**30),
         setup=Setup(
             precision=precision,
             gradient_checkpointing=True,
@@ -46,27 +44,11 @@ def example_plan(
             offload_params=offload_params,
             world_size=world_size,
         ),
-        buckets=[
-            Bucket(0.0, 4.0, 32, 64000, 60, int(12e9), 0.5, 100.0),
-            Bucket(4.0, 10.0, 12, 160000, 150, int(12.5e9), 0.4, 110.0),
-            Bucket(10.0, 20.0, 5, 320000, 300, int(13e9), last_fraction, 90.0),
-        ],
-        gradient_accumulation_steps=2,
-        target_effective_batch="32 utterances",
-        effective_batch_utterances=40.0,
-        effective_batch_hours=0.06,
-        predicted_throughput_seconds_per_second=100.0,
-        predicted_epoch_seconds=3600.0,
-        cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
-        data=DataDecisions(
-            streaming=False,
-            cache_decoded_audio=True,
-            long_utterances=long_utterances,
-            max_seconds=20.0,
-            long_utterance_fraction=0.01,
-            num_workers=4,
-            reasons=["cache: fits in RAM"],
-        ),
+        utterance_fractions=(0.5, 0.4, last_fraction),
+        num_workers=4,
+        long_utterances=long_utterances,
+        long_utterance_fraction=0.01,
+        data_reasons=["cache: fits in RAM"],
     )
 
 

@@ -61,7 +61,9 @@ def test_generic_family_matches_the_plain_step(make_config, batch) -> None:
     setup = Setup(precision="fp32", optimizer="adamw")
     truth = _truth.measure_adapter_step(speech_adapter(make_config()), batch, setup).peak_bytes
     sim = simulate_step(speech_adapter(make_config()), batch, setup, target="cpu")
-    assert sim.peak_raw_bytes == pytest.approx(truth, rel=0.005)
+    # the published bound for a simulated CPU step against the allocator's peak: README and
+    # docs/benchmarks.md, "Memory accuracy on held-out steps (CPU)", 47 cases, max 0.45 %
+    assert sim.peak_raw_bytes == pytest.approx(truth, rel=0.0045)
 
 
 def test_refusal_gives_the_reason_and_what_to_do() -> None:

@@ -109,7 +109,9 @@ def test_gradient_accumulation_in_place_as_in_a_plain_step(one_thread) -> None:
     sim = simulate_model(lambda: _TwoBranches(n), make, loss, setup=setup, target="cpu")
     # SGD with momentum keeps one buffer per parameter: the real step used none, so compare
     # against the same optimizer state the simulator makes (momentum buffer = 4 n bytes).
-    assert sim.peak_raw_bytes - 4 * n == pytest.approx(truth, rel=0.005)
+    # The bound is the published one for a simulated CPU step against the allocator's peak
+    # (README and docs/benchmarks.md, "Memory accuracy on held-out steps (CPU)", max 0.45 %).
+    assert sim.peak_raw_bytes - 4 * n == pytest.approx(truth, rel=0.0045)
 
 
 class _Lstm(nn.Module):
@@ -132,7 +134,8 @@ def test_lstm_workspace_is_counted_on_cpu(one_thread) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     truth = _truth.measure_plain_step(model, make, lambda m, x: m(x), optimizer).peak_bytes
     sim = simulate_model(_Lstm, make, lambda m, x: m(x), setup=Setup(optimizer="sgd"), target="cpu")
-    assert sim.peak_raw_bytes == pytest.approx(truth, rel=0.005)
+    # the published bound for a simulated CPU step (held-out steps, max 0.45 %)
+    assert sim.peak_raw_bytes == pytest.approx(truth, rel=0.0045)
 
 
 def test_conformer_cpu_step_matches_the_plain_step(one_thread) -> None:

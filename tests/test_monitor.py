@@ -8,6 +8,7 @@ import logging
 import mmap
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ import torch
 from torch import nn
 
 from asrfit.errors import ConfigError
-from asrfit.memory.costmodel import PeakModel
 from asrfit.memory.setup import Setup
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.plan.plan import Plan
+from asrfit.testing import make_plan
 from asrfit.train.monitor import MemoryMonitor
 from asrfit.train.probes import MemorySample, host_rss_bytes
 
@@ -72,21 +73,29 @@ def vm_rss_bytes() -> int:
 
 
 def test_cpu_jsonl_lines_have_the_keys_and_increasing_steps(tmp_path: Path) -> None:
+    # each step's wall time, bracketed by this test's own clock: the step holds a 20 ms sleep,
+    # and the monitor's figure lies between the time inside and the time around its two calls
+    brackets = []
     with MemoryMonitor(8 * GIB, device="cpu", log_dir=tmp_path) as monitor:
         for step in (1, 2, 3):
+            before = time.perf_counter()
             monitor.start_step()
+            inside = time.perf_counter()
             block = torch.ones(1024, 1024)  # 4 MiB touched inside the step
             del block
+            time.sleep(0.02)
+            inside = time.perf_counter() - inside
             monitor.end_step(step, bucket=0, predicted_bytes=GIB, batch_size=4)
+            brackets.append((inside, time.perf_counter() - before))
     lines = read_jsonl(tmp_path / "memory.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3]
-    for line in lines:
+    for line, (inside, around) in zip(lines, brackets, strict=True):
         assert set(line) == RECORD_KEYS
         assert line["device"] == "cpu" and line["source"] in ("rss", "rss+vmhwm")
         assert line["allocated_bytes"] == line["reserved_bytes"]  # both are the RSS on CPU
         assert line["peak_reserved_bytes"] >= line["reserved_bytes"] > 50 * 2**20
         assert line["budget_bytes"] == 8 * GIB and line["batch_size"] == 4
-        assert line["step_seconds"] >= 0
+        assert 0.02 <= inside <= line["step_seconds"] <= around
         assert line["measured_over_predicted"] == pytest.approx(line["peak_reserved_bytes"] / GIB)
 
 
@@ -304,18 +313,16 @@ class TinyRegressor(nn.Module):
 
 
 def tiny_plan() -> Plan:
-    return Plan(
-        model="tiny", gpu="T4", usable_bytes=int(13.6 * GIB),
+    """Batch limits 8 and 2 over 0-4-10 s on a T4's 13.6 GiB usable."""
+    return make_plan(
+        (8, 2),
+        bucket_edges_seconds=(0.0, 4.0, 10.0),
+        utterance_fractions=(0.6, 0.4),
+        usable_bytes=int(13.6 * GIB),
         setup=Setup(precision="fp32", gradient_checkpointing=False, optimizer="adamw"),
-        buckets=[Bucket(0.0, 4.0, 8, 64000, 60, int(2e9), 0.6, 100.0),
-                 Bucket(4.0, 10.0, 2, 160000, 150, int(3e9), 0.4, 110.0)],
-        gradient_accumulation_steps=1, target_effective_batch="2 utterances",
-        effective_batch_utterances=2.0, effective_batch_hours=0.001,
-        predicted_throughput_seconds_per_second=100.0, predicted_epoch_seconds=60.0,
-        cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
-        data=DataDecisions(streaming=False, cache_decoded_audio=True, long_utterances="chunk",
-                           max_seconds=10.0, long_utterance_fraction=0.0, num_workers=0),
-    )  # fmt: skip
+        gradient_accumulation_steps=1,
+        target_effective_batch="2 utterances",
+    )
 
 
 def run_trainer(tmp_path: Path, callback) -> tuple[object, list[dict]]:

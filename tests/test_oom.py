@@ -10,9 +10,9 @@ import torch
 from _frames import FrameModel, frame_loss, frame_units
 from torch import nn
 
-from asrfit.memory.costmodel import PeakModel
 from asrfit.memory.setup import Setup
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.plan.plan import Plan
+from asrfit.testing import plans
 from asrfit.train.config import TrainingConfig
 from asrfit.train.oom import (
     BatchTooLargeError,
@@ -27,24 +27,16 @@ from asrfit.train.trainer import MemoryEfficientTrainer
 
 
 def make_plan(limits=(32, 12, 5)) -> Plan:
-    return Plan(
-        model="tiny",
-        gpu="T4",
-        usable_bytes=int(13.6 * 2**30),
+    """Batch limits over 0-4-10-20 s; the last bucket has the highest predicted peak (the
+    pre-flight's "largest bucket at its limit")."""
+    return plans.make_plan(
+        limits,
+        bucket_edges_seconds=(0.0, 4.0, 10.0, 20.0),
+        predicted_peak_bytes=(int(12e9), int(12.5e9), int(13e9)),
         setup=Setup(precision="fp32", gradient_checkpointing=False, optimizer="adamw"),
-        buckets=[
-            Bucket(0.0, 4.0, limits[0], 64000, 60, int(12e9), 0.5, 100.0),
-            Bucket(4.0, 10.0, limits[1], 160000, 150, int(12.5e9), 0.4, 110.0),
-            Bucket(10.0, 20.0, limits[2], 320000, 300, int(13e9), 0.1, 90.0),
-        ],
         gradient_accumulation_steps=2,
         target_effective_batch="32 utterances",
-        effective_batch_utterances=40.0,
-        effective_batch_hours=0.06,
-        predicted_throughput_seconds_per_second=100.0,
-        predicted_epoch_seconds=3600.0,
-        cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
-        data=DataDecisions(False, True, "chunk", 20.0, 0.01, 0),
+        long_utterance_fraction=0.01,
     )
 
 

@@ -157,12 +157,13 @@ def test_trainer_applies_the_first_k_layers() -> None:
 
 # -- memory: simulated vs a real CPU step ----------------------------------------------------
 
-# (config factory, batch, layers, tolerance). The conformer's tolerance is that of the
-# existing conformer truth test (tests/test_memory_truth.py), wav2vec2's that of the
-# memory-accuracy smoke test (tests/test_memory_accuracy_smoke.py).
+# (config factory, batch, layers, tolerance). The conformer's tolerance is the README's figure
+# for a Conformer step (within 0.5 % of the allocator's peak, tests/test_memory_truth.py);
+# wav2vec2's the published bound for a simulated CPU step against the allocator's peak (README
+# and docs/benchmarks.md, "Memory accuracy on held-out steps (CPU)", 47 cases, max 0.45 %).
 CASES = {
     "conformer": (_conformer, BatchShape(2, 1200, 40), 4, 0.005),
-    "wav2vec2": (_wav2vec2, BatchShape(2, 96000, 40), 4, 0.02),
+    "wav2vec2": (_wav2vec2, BatchShape(2, 96000, 40), 4, 0.0045),
 }
 
 

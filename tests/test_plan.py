@@ -19,7 +19,7 @@ from asrfit.plan.plan import Bucket, Plan
 from asrfit.plan.search import PlanError, plan
 from asrfit.profiles.dataset import DatasetProfile
 from asrfit.profiles.hardware import HardwareProfile
-from asrfit.testing import write_manifest
+from asrfit.testing import make_bucket, write_manifest
 
 MIB = 2**20
 
@@ -96,13 +96,22 @@ def test_longest_bucket_agrees_with_a_fresh_two_step_simulation(
         BatchShape(last.batch_size, last.max_input_length, last.max_label_length),
         p.setup,
     )
-    fresh = predict_cuda(
-        step.peak_bytes,
-        step.segment_bytes(p.expandable_segments),
-        architecture=p.architecture,
-        expandable_segments=p.expandable_segments,
-    ).reserved_bytes
-    assert fresh == pytest.approx(last.predicted_peak_bytes, rel=0.05)
+
+    def reserved(extra_bytes: int) -> int:
+        return predict_cuda(
+            step.peak_bytes,
+            step.segment_bytes(p.expandable_segments) + extra_bytes,
+            architecture=p.architecture,
+            expandable_segments=p.expandable_segments,
+        ).reserved_bytes
+
+    # The published bound: the planner's figure within 0.14 % of the fresh one (README and
+    # docs/benchmarks.md, "Bucket limits against fresh full simulations"). With expandable
+    # segments the planner adds the pages' bound where the fresh figure has the pages this
+    # trace fills, so its figure may also be up to that bound above (the same section).
+    pages = EXPANDABLE_PAGES_BOUND_BYTES if p.expandable_segments else 0
+    fresh, highest = reserved(0), reserved(pages)
+    assert fresh * (1 - 0.0014) <= last.predicted_peak_bytes <= highest * (1 + 0.0014)
 
 
 @pytest.mark.parametrize("expandable", [True, False], ids=["expandable", "classic"])
@@ -154,8 +163,8 @@ def test_accumulation_by_hand() -> None:
     # Half the utterances in batches of 8, half in batches of 4: 0.5/8 + 0.5/4 = 0.1875 batches
     # per utterance, 16/3 utterances per micro-batch; 32 utterances per step -> 6 micro-batches.
     buckets = [
-        Bucket(0.0, 2.0, 8, 32000, 30, 1, 0.5, 1.0),
-        Bucket(2.0, 4.0, 4, 64000, 60, 1, 0.5, 1.0),
+        make_bucket(0.0, 2.0, 8, utterance_fraction=0.5),
+        make_bucket(2.0, 4.0, 4, utterance_fraction=0.5),
     ]
     accum, utts, hours, warnings = _accumulation(
         buckets, world=1, target_utts=32, target_hours=None
@@ -223,8 +232,8 @@ def test_effective_batch_far_from_the_target_says_why() -> None:
     # micro-batches per utterance, 64/3 = 21.3 utterances per micro-batch; 32 asked for ->
     # round(1.5) = 2 micro-batches = 42.7 utterances, 33 % off: the plan must say why.
     buckets = [
-        Bucket(0.0, 2.0, 32, 32000, 30, 1, 0.5, 1.0),
-        Bucket(2.0, 4.0, 16, 64000, 60, 1, 0.5, 1.0),
+        make_bucket(0.0, 2.0, 32, utterance_fraction=0.5),
+        make_bucket(2.0, 4.0, 16, utterance_fraction=0.5),
     ]
     accum, utts, _, warnings = _accumulation(buckets, world=1, target_utts=32, target_hours=None)
     assert accum == 2 and utts == pytest.approx(128 / 3)

@@ -7,6 +7,7 @@ the export; fresh full simulations of the real model for the planned limits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import numpy as np
@@ -18,6 +19,7 @@ from asrfit.memory.costmodel import PeakModel, label_slopes, with_label_terms
 from asrfit.memory.runtime import StepCost, step_seconds
 from asrfit.plan.exports import export_plan
 from asrfit.plan.plan import Bucket, Plan
+from asrfit.testing import make_bucket
 from tests.test_exports import example_plan
 
 
@@ -90,13 +92,16 @@ def test_step_time_parts_follow_a_loop_whose_kernel_count_does_not_grow_with_the
 def two_d_plan() -> Plan:
     """Two duration ranges, each split in two label ranges; memory grows with T x U."""
     base = example_plan()
+    bucket = functools.partial(make_bucket, predicted_peak_bytes=int(12e9))
     return dataclasses.replace(
         base,
         buckets=[
-            Bucket(0.0, 4.0, 40, 64000, 30, int(12e9), 0.3, 100.0),
-            Bucket(0.0, 4.0, 32, 64000, 60, int(12e9), 0.2, 90.0, min_label_length=30),
-            Bucket(4.0, 10.0, 16, 160000, 100, int(12e9), 0.3, 110.0),
-            Bucket(4.0, 10.0, 12, 160000, 150, int(12e9), 0.2, 100.0, min_label_length=100),
+            bucket(0.0, 4.0, 40, max_label_length=30, utterance_fraction=0.3),
+            bucket(0.0, 4.0, 32, min_label_length=30, max_label_length=60, utterance_fraction=0.2),
+            bucket(4.0, 10.0, 16, max_label_length=100, utterance_fraction=0.3),
+            bucket(
+                4.0, 10.0, 12, min_label_length=100, max_label_length=150, utterance_fraction=0.2
+            ),
         ],
         bucketing="2d",
         cost_model=PeakModel(1e9, 100.0, 0.0, 0.0, 0.0, e_bytes_per_step_label=50.0),

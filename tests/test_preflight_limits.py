@@ -10,13 +10,14 @@ from torch import nn
 from asrfit.data.sampler import MemoryBudgetSampler
 from asrfit.memory.costmodel import PeakModel
 from asrfit.memory.setup import Setup
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.plan.plan import Plan
 from asrfit.profiles.calibration import (
     Calibration,
     machine_key,
     read_calibration,
     write_calibration,
 )
+from asrfit.testing import plans
 from asrfit.train.checkpoint import latest_checkpoint
 from asrfit.train.config import TrainingConfig
 from asrfit.train.held_memory import held_bytes
@@ -108,24 +109,16 @@ def make_plan(headroom_bytes: int, bytes_per_frame: float) -> Plan:
     model = PeakModel(
         c0_bytes=1e6, a_bytes_per_step=bytes_per_frame, b_bytes_per_step2=0.0, c_bytes_per_label=0.0
     )
-    buckets = [
-        Bucket(0.0, 2.0, 8, 50, 50, 0, 0.5, 100.0),
-        Bucket(2.0, 4.0, 8, 100, 100, 0, 0.5, 100.0),
-    ]
-    plan = Plan(
+    plan = plans.make_plan(
+        (8, 8),
+        bucket_edges_seconds=(0.0, 2.0, 4.0),
         model="wide-frames",
         gpu="cpu-only",
         usable_bytes=1,
         setup=Setup(precision="fp32", optimizer="adamw"),
-        buckets=buckets,
         gradient_accumulation_steps=2,
         target_effective_batch="16 utterances",
-        effective_batch_utterances=16.0,
-        effective_batch_hours=0.01,
-        predicted_throughput_seconds_per_second=100.0,
-        predicted_epoch_seconds=1.0,
         cost_model=model,
-        data=DataDecisions(False, True, "chunk", 4.0, 0.0, 0),
         expandable_segments=False,
         input_frames_per_second=FRAMES_PER_SECOND,
         labels_per_second=FRAMES_PER_SECOND,

@@ -17,7 +17,8 @@ from asrfit.data.sampler import MemoryBudgetSampler
 from asrfit.errors import ConfigError
 from asrfit.memory.costmodel import PeakModel
 from asrfit.memory.setup import Setup
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.plan.plan import Plan
+from asrfit.testing import plans
 
 GIB = 2**30
 
@@ -28,24 +29,20 @@ def make_plan(
     cost: PeakModel | None = None,
     labels_per_second: float = 15.0,
 ) -> Plan:
-    """A hand-made plan: ``(min_seconds, max_seconds, batch_size)`` per bucket."""
-    return Plan(
+    """A hand-made plan: ``(min_seconds, max_seconds, batch_size)`` per bucket.
+
+    Each bucket is sized for 16 kHz input and 15 labels per second
+    (``max_label_length = ceil(max_seconds x 15)``) whatever the plan's ``labels_per_second``.
+    """
+    return plans.make_plan(
+        buckets=[plans.make_bucket(lo, hi, size) for lo, hi, size in buckets],
         model="test",
         gpu="test",
         usable_bytes=int(usable_bytes),
         setup=Setup(),
-        buckets=[
-            Bucket(lo, hi, size, round(hi * 16000), math.ceil(hi * 15), 0, 0.0, 0.0)
-            for lo, hi, size in buckets
-        ],
         gradient_accumulation_steps=1,
         target_effective_batch="32 utterances",
-        effective_batch_utterances=32.0,
-        effective_batch_hours=0.01,
-        predicted_throughput_seconds_per_second=1.0,
-        predicted_epoch_seconds=1.0,
         cost_model=cost or PeakModel(1e9, 1000.0, 0.0, 0.0),
-        data=DataDecisions(False, True, "chunk", buckets[-1][1], 0.0, 0),
         labels_per_second=labels_per_second,
     )
 

@@ -18,12 +18,11 @@ from torch import nn
 from transformers import TrainingArguments, Wav2Vec2Config, Wav2Vec2ForCTC
 
 from asrfit.errors import ConfigError, UnsupportedModelError
-from asrfit.memory.costmodel import PeakModel
 from asrfit.memory.setup import Setup
-from asrfit.plan.plan import Bucket, DataDecisions, Plan
+from asrfit.plan.plan import Plan
 from asrfit.profiles.hardware import HardwareProfile
 from asrfit.seed import ASRConfigManager, TrainingConfig, create_optimal_config
-from asrfit.testing import dummies
+from asrfit.testing import dummies, make_plan
 
 TINY_W2V = dict(
     hidden_size=32,
@@ -50,32 +49,17 @@ def hand_plan(
     precision: str = "bf16", optimizer: str = "adamw", checkpointing: bool = True
 ) -> Plan:
     """Three buckets with batches 32, 12 and 5; accumulation 2; 4 workers; 13.6 GiB usable."""
-    return Plan(
+    return make_plan(
+        (32, 12, 5),
+        bucket_edges_seconds=(0.0, 4.0, 10.0, 20.0),
         model="xls-r-300m",
-        gpu="T4",
         usable_bytes=int(13.6 * 2**30),
         setup=Setup(precision=precision, gradient_checkpointing=checkpointing, optimizer=optimizer),
-        buckets=[
-            Bucket(0.0, 4.0, 32, 64000, 60, int(12e9), 0.5, 100.0),
-            Bucket(4.0, 10.0, 12, 160000, 150, int(12.5e9), 0.4, 110.0),
-            Bucket(10.0, 20.0, 5, 320000, 300, int(13e9), 0.1, 90.0),
-        ],
         gradient_accumulation_steps=2,
         target_effective_batch="32 utterances",
-        effective_batch_utterances=40.0,
-        effective_batch_hours=0.06,
-        predicted_throughput_seconds_per_second=100.0,
-        predicted_epoch_seconds=3600.0,
-        cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
-        data=DataDecisions(
-            streaming=False,
-            cache_decoded_audio=True,
-            long_utterances="chunk",
-            max_seconds=20.0,
-            long_utterance_fraction=0.01,
-            num_workers=4,
-            reasons=["cache: fits in RAM"],
-        ),
+        num_workers=4,
+        long_utterance_fraction=0.01,
+        data_reasons=["cache: fits in RAM"],
     )
 
 

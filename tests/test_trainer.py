@@ -300,24 +300,14 @@ def test_deepspeed_plan_without_deepspeed_says_what_to_install(monkeypatch):
 
     monkeypatch.setattr(importlib.util, "find_spec", without_deepspeed)
     monkeypatch.setitem(__import__("sys").modules, "deepspeed", None)
-    from asrfit.memory.costmodel import PeakModel
     from asrfit.memory.setup import Setup
-    from asrfit.plan.plan import Bucket, DataDecisions, Plan
+    from asrfit.testing import make_plan
 
-    plan = Plan(
-        model="tiny",
-        gpu="T4",
+    plan = make_plan(
+        (8,),
+        bucket_edges_seconds=(0.0, 4.0),
         usable_bytes=2**33,
         setup=Setup(precision="fp32", optimizer="adamw", zero_stage=2, world_size=2),
-        buckets=[Bucket(0.0, 4.0, 8, 64000, 60, 2**32, 1.0, 10.0)],
-        gradient_accumulation_steps=2,
-        target_effective_batch="32 utterances",
-        effective_batch_utterances=32.0,
-        effective_batch_hours=0.01,
-        predicted_throughput_seconds_per_second=1.0,
-        predicted_epoch_seconds=1.0,
-        cost_model=PeakModel(1e9, 100.0, 0.001, 1000.0),
-        data=DataDecisions(False, False, "chunk", 4.0, 0.0, 0),
     )
     with pytest.raises(MissingDependencyError, match=r"pip install asrfit\[deepspeed\]"):
         MemoryEfficientTrainer(MaskedMeanModel(), plan=plan, progress=False)

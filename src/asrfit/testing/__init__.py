@@ -1,4 +1,5 @@
-"""Helpers for tests: factories that make tiny manifests, audio folders and datasets on disk."""
+"""Helpers for tests: factories that make tiny manifests, audio folders and datasets on disk
+(:mod:`asrfit.testing.dummies`), and hand-made plans (:mod:`asrfit.testing.plans`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from asrfit.testing.dummies import (
     write_dummy_audio,
     write_manifest,
 )
+from asrfit.testing.plans import make_bucket, make_plan, reference_cost_model
 
 __all__ = [
     "dummy_audio_folder",
@@ -18,6 +20,9 @@ __all__ = [
     "dummy_hf_dataset",
     "dummy_manifest",
     "dummy_texts",
+    "make_bucket",
+    "make_plan",
+    "reference_cost_model",
     "write_dummy_audio",
     "write_manifest",
 ]
