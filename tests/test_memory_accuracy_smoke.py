@@ -95,6 +95,14 @@ def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
     text = out.read_text()
     assert "keep me" in text and "second" in text and "first" not in text
     assert text.count("<!-- mine:start -->") == 1
+    # the section ends with its stamp: this checkout's commit, as git names it
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    stamp = text.split("<!-- mine:start -->")[1].split("<!-- mine:end -->")[0].strip()
+    assert stamp.splitlines()[-1].startswith("<sub>Section written ")
+    if head:  # a git checkout (CI runs on a clone)
+        assert f"commit `{head}`" in stamp
 
 
 def test_largest_batch_doubles_then_bisects() -> None:
