@@ -95,3 +95,25 @@ def pytest_collectreport(report):
                 f"{report.nodeid}: declared package {name!r} is not importable; install it "
                 "(`make test` installs every extra) instead of skipping."
             )
+
+
+def is_gpu_only(reason: str) -> bool:
+    """A skip for want of a GPU: its reason mentions CUDA or a GPU."""
+    words = reason.lower()
+    return "cuda" in words or "gpu" in words
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After `-rs`'s list: the skip count, then every skip that is not GPU-only with its reason
+    (on a machine without a GPU only the GPU tests may skip)."""
+    result = yield
+    skips = []
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else ""
+        skips.append((report.nodeid, reason.removeprefix("Skipped: ")))
+    others = [(node, reason) for node, reason in skips if not is_gpu_only(reason)]
+    terminalreporter.write_line(f"skipped: {len(skips)} (GPU-only: {len(skips) - len(others)})")
+    for node, reason in others:
+        terminalreporter.write_line(f"  not GPU-only: {node}: {reason}")
+    return result

@@ -1,4 +1,5 @@
-"""A test skipped for a missing declared package fails; other skips stay skips."""
+"""A test skipped for a missing declared package fails; other skips stay skips, counted on the
+last line with every skip that is not GPU-only named."""
 
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ def test_gpu_skip():
     pytest.skip("needs a CUDA GPU")
 """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(failed=1, skipped=2)
     result.stdout.fnmatch_lines(["*declared package 'lhotse' is not importable*"])
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED *",
+            "SKIPPED *",
+            "skipped: 2 (GPU-only: 1)",
+            "  not GPU-only: test_a.py::test_undeclared: could not import "
+            "'a_package_nobody_declared'*",
+            "*1 failed, 2 skipped*",
+        ],
+        consecutive=True,
+    )

@@ -24,6 +24,7 @@ calibration and says so in ``rests_on``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -167,8 +168,9 @@ def scaled_rates(
     return DeviceRates.from_dict(data)
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``, else the platform's)."""
+    """The CPU's model name (``/proc/cpuinfo``, else the platform's); read once a process."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -178,7 +180,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=1)
 def _torch_version() -> str:
+    """torch's installed version, read once a process (the planner builds a machine key for
+    every bucket it sizes: reading the package metadata each time took 2 s a plan)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
