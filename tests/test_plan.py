@@ -322,6 +322,35 @@ def test_chunk_lengths_are_the_chunkers(seconds: float) -> None:
     assert max(pieces) <= limit
 
 
+def test_chunked_sample_lists_each_piece_and_thins_an_absurd_one_in_proportion() -> None:
+    from asrfit.plan.long_audio import (
+        MAX_CHUNKED_SAMPLE,
+        chunk_pieces,
+        chunk_seconds,
+        chunked_sample,
+    )
+
+    limit = 30.0
+    durations = np.array([3.0, 45.0, 95.0, 12.0])
+    labels = np.array([40.0, 700.0, 1500.0, 200.0])
+    got, got_labels = chunked_sample(durations, labels, limit)
+    # reference: every piece of every utterance listed, labels shared by its real piece count
+    want = [p for d in durations for p in chunk_seconds(float(d), limit)]
+    want_labels = [
+        -(-lab // len(chunk_seconds(float(d), limit)))
+        for d, lab in zip(durations, labels, strict=True)
+        for _ in chunk_seconds(float(d), limit)
+    ]
+    assert got.tolist() == want and got_labels.tolist() == want_labels
+    # a bogus 1e9 s line among 1000 clips of 10 s: 33 M pieces scaled to MAX_CHUNKED_SAMPLE,
+    # each utterance's count rounded (half a piece at most), so the clips' share is kept
+    bogus = np.array([*[10.0] * 1000, 1e9])
+    thin, _ = chunked_sample(bogus, None, limit)
+    full = 1000 + chunk_pieces(1e9, limit)[1]  # pieces in all
+    assert abs(thin.size - MAX_CHUNKED_SAMPLE) <= 0.5 * 1001
+    assert abs((thin == 10.0).mean() - 1000 / full) <= 0.5 * 1000 / thin.size
+
+
 def test_chunked_long_audio_gets_a_bucket_and_outlier_label_rates_are_left_out(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -64,34 +64,52 @@ def long_audio_cap_from_profile(
 _CUT_SEARCH_SECONDS, _CUT_WINDOW_SECONDS = 0.5, 0.02
 
 
-def chunk_seconds(seconds: float, max_seconds: float) -> list[float]:
-    """The pieces training cuts ``seconds`` of audio into at a ``max_seconds`` limit, each
-    as long as it can come out: :func:`asrfit.data.audio.chunk_bounds` cuts equal pieces,
-    then moves each cut up to ``search`` seconds to a quiet point, so a piece may grow by
-    twice that (never past the limit). A bucket that holds these holds every real piece."""
+MAX_CHUNKED_SAMPLE = 100_000
+"""About how many pieces a chunked dataset sample lists at most (a sample is a few thousand
+utterances, so only absurd durations reach it: one bogus 1e9 s line is 33 million pieces)."""
+
+
+def chunk_pieces(seconds: float, max_seconds: float) -> tuple[float, int]:
+    """``(length, count)`` of the pieces training cuts ``seconds`` of audio into at a
+    ``max_seconds`` limit, each as long as it can come out: :func:`asrfit.data.audio.chunk_bounds`
+    cuts equal pieces, then moves each cut up to ``search`` seconds to a quiet point, so a piece
+    may grow by twice that (never past the limit). A bucket that holds these holds every real
+    piece."""
     if seconds <= max_seconds:
-        return [seconds]
+        return seconds, 1
     pieces = math.ceil(seconds / max_seconds)
     search = min(_CUT_SEARCH_SECONDS, (max_seconds - seconds / pieces) / 2)
     if search < _CUT_WINDOW_SECONDS:
         pieces += 1
         search = min(_CUT_SEARCH_SECONDS, (max_seconds - seconds / pieces) / 2)
-    return [min(max_seconds, seconds / pieces + 2 * search)] * pieces
+    return min(max_seconds, seconds / pieces + 2 * search), pieces
+
+
+def chunk_seconds(seconds: float, max_seconds: float) -> list[float]:
+    """The pieces of :func:`chunk_pieces`, one length per piece."""
+    length, count = chunk_pieces(seconds, max_seconds)
+    return [length] * count
 
 
 def chunked_sample(
     durations: np.ndarray, labels: np.ndarray | None, max_seconds: float
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """A dataset sample as training sees it when long audio is chunked: each duration above
-    ``max_seconds`` replaced by its pieces (:func:`chunk_seconds`), and its label count, when
-    given (paired with the durations), shared out among them in proportion."""
-    out_d: list[float] = []
-    out_l: list[float] = []
-    for i, d in enumerate(durations):
-        pieces = chunk_seconds(float(d), max_seconds)
-        out_d += pieces
-        if labels is not None:
-            out_l += [math.ceil(float(labels[i]) / len(pieces))] * len(pieces)
-    return np.asarray(out_d, dtype=float), (
-        np.asarray(out_l, dtype=float) if labels is not None else None
-    )
+    ``max_seconds`` replaced by its pieces (:func:`chunk_pieces`), and its label count, when
+    given (paired with the durations), shared out among them in proportion.
+
+    Above :data:`MAX_CHUNKED_SAMPLE` pieces in all, every utterance's piece count is scaled by
+    the same factor and rounded, so that the sample keeps its shares of piece lengths (within
+    half a piece per utterance) without listing millions of copies of one absurd duration."""
+    parts = [chunk_pieces(float(d), max_seconds) for d in durations]
+    counts = np.asarray([count for _, count in parts], dtype=np.int64)
+    kept = counts
+    total = int(counts.sum())
+    if total > MAX_CHUNKED_SAMPLE:
+        kept = np.rint(counts * (MAX_CHUNKED_SAMPLE / total)).astype(np.int64)
+    out_d = np.repeat(np.asarray([length for length, _ in parts], dtype=float), kept)
+    out_l = None
+    if labels is not None:
+        shares = [math.ceil(float(labels[i]) / counts[i]) for i in range(len(parts))]
+        out_l = np.repeat(np.asarray(shares, dtype=float), kept)
+    return out_d, out_l
