@@ -169,6 +169,21 @@ def test_stale_temporaries_are_removed(tmp_path):
     assert keep.exists()
 
 
+def _tiny_run(tmp_path, manifest):
+    """One epoch of the tiny Conformer on ``manifest``, trained from random weights."""
+    from asrfit.recipes.run import RunConfig
+
+    return RunConfig(
+        model="conformer-ctc-tiny",
+        train=str(manifest),
+        out_dir=str(tmp_path / "run"),
+        target_batch=4,
+        epochs=1,
+        random_init=True,
+        model_overrides=TINY,
+    )
+
+
 def _hostile_run(tmp_path, with_long_file: bool):
     from asrfit.testing.hostile import write_nonfinite_wav
 
@@ -191,18 +206,10 @@ def _hostile_run(tmp_path, with_long_file: bool):
 
 def test_train_end_to_end_with_nan_audio(tmp_path):
     """`asrfit train` replaces the NaN file in its batch, counts it in report.json, stays finite."""
-    from asrfit.recipes.run import RunConfig, train_asr
+    from asrfit.recipes.run import train_asr
 
     manifest = _hostile_run(tmp_path, with_long_file=False)
-    cfg = RunConfig(
-        model="conformer-ctc-tiny",
-        train=str(manifest),
-        out_dir=str(tmp_path / "run"),
-        target_batch=4,
-        epochs=1,
-        random_init=True,
-        model_overrides=TINY,
-    )
+    cfg = _tiny_run(tmp_path, manifest)
     report = train_asr(cfg)
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
     assert saved["skipped"] == {"replaced_non_finite_audio": 1} and saved["skipped_total"] == 1
@@ -258,7 +265,7 @@ def test_utterances_the_sampler_cannot_batch_are_counted_in_report_json(tmp_path
     import numpy as np
 
     from asrfit.data.sampler import MemoryBudgetSampler
-    from asrfit.recipes.run import RunConfig, train_asr
+    from asrfit.recipes.run import train_asr
 
     assign = MemoryBudgetSampler._assign
 
@@ -271,15 +278,7 @@ def test_utterances_the_sampler_cannot_batch_are_counted_in_report_json(tmp_path
 
     monkeypatch.setattr(MemoryBudgetSampler, "_assign", longest_over_budget)
     manifest = _hostile_run(tmp_path, with_long_file=False)
-    cfg = RunConfig(
-        model="conformer-ctc-tiny",
-        train=str(manifest),
-        out_dir=str(tmp_path / "run"),
-        target_batch=4,
-        epochs=1,
-        random_init=True,
-        model_overrides=TINY,
-    )
+    cfg = _tiny_run(tmp_path, manifest)
     train_asr(cfg)
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
     assert saved["skipped"] == {
@@ -294,19 +293,11 @@ def test_train_end_to_end_with_a_five_minute_file(tmp_path, caplog):
     """The whole `asrfit train` on it, one epoch: the reason is logged, buckets stay <= 30 s."""
     import logging
 
-    from asrfit.recipes.run import RunConfig, train_asr
+    from asrfit.recipes.run import train_asr
 
     manifest = _hostile_run(tmp_path, with_long_file=True)
     caplog.set_level(logging.INFO)
-    cfg = RunConfig(
-        model="conformer-ctc-tiny",
-        train=str(manifest),
-        out_dir=str(tmp_path / "run"),
-        target_batch=4,
-        epochs=1,
-        random_init=True,
-        model_overrides=TINY,
-    )
+    cfg = _tiny_run(tmp_path, manifest)
     train_asr(cfg)
     assert "1 utterance(s) up to 300.0 s are above max(30 s" in caplog.text
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
