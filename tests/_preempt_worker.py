@@ -66,6 +66,13 @@ def main(out: Path, mode: str) -> int:
 
         torch.save = save
     try:
+        return run(trainer, sampler, data, durations, out, mode, rank)
+    finally:  # leaves the gloo group: exiting in it can abort at interpreter shutdown
+        trainer.end_training()
+
+
+def run(trainer, sampler, data, durations, out: Path, mode: str, rank: int) -> int:
+    try:
         trainer.train(
             sampler,
             dataset=data,

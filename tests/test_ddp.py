@@ -99,6 +99,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
     torch.save(trainer.unwrapped_model.state_dict(), Path(out_dir, f"rank{rank}.pt"))
+    trainer.end_training()  # a process that exits in its gloo group can abort
 
 
 def _free_port() -> int:

@@ -204,13 +204,21 @@ def _hostile_run(tmp_path, with_long_file: bool):
     return case.manifest
 
 
-def test_train_end_to_end_with_nan_audio(tmp_path):
-    """`asrfit train` replaces the NaN file in its batch, counts it in report.json, stays finite."""
+def test_train_end_to_end_with_nan_audio(tmp_path, monkeypatch):
+    """`asrfit train` replaces the NaN file in its batch, counts it in report.json, stays finite,
+    and ends its training once (leaving the process group, as torchrun's processes need)."""
     from asrfit.recipes.run import train_asr
+    from asrfit.train.trainer import MemoryEfficientTrainer
 
+    ended = []
+    end_training = MemoryEfficientTrainer.end_training
+    monkeypatch.setattr(
+        MemoryEfficientTrainer, "end_training", lambda self: ended.append(end_training(self))
+    )
     manifest = _hostile_run(tmp_path, with_long_file=False)
     cfg = _tiny_run(tmp_path, manifest)
     report = train_asr(cfg)
+    assert len(ended) == 1
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
     assert saved["skipped"] == {"replaced_non_finite_audio": 1} and saved["skipped_total"] == 1
     assert saved["utterances_total"] == 26 and report.nonfinite_steps == 0

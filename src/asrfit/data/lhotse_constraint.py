@@ -106,8 +106,8 @@ class LhotseBytesConstraint(SamplingConstraint):
 
         lhotse yields the batch as soon as this is true, and checks it only *after* adding a
         cut, so the next cut must be assumed as long as the bucket allows (its edge and
-        ``max_label_length``): a batch never goes over budget, however long the next cut
-        (lhotse issue #1590), unless its transcript is longer than the plan assumed.
+        ``max_label_length``): a batch never goes over budget, however long the next cut,
+        unless its transcript is longer than the plan assumed.
         """
         if self._budget.num_utterances == 0 or self.bucket_index is None:
             return False

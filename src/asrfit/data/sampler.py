@@ -8,7 +8,7 @@ little); then it is packed greedily under a :class:`BytesConstraint`. A batch of
 utterances costs ``plan.predicted_reserved_bytes(n, longest input, longest label)``
 (padding counts) and holds at most the bucket's batch limit. The constraint is checked
 *before* an utterance is admitted, so no batch is ever over budget (a check after adding
-lets one last long utterance push a batch past the limit: lhotse issue #1590). A bucket's
+lets one last long utterance push a batch past the limit). A bucket's
 partial last batch starts the next bucket's packing (its utterances are shorter, so it
 fits there too), which saves one small batch per bucket. The batches of all buckets are
 then shuffled together.

@@ -422,10 +422,14 @@ def train_asr(cfg: RunConfig, listeners: list[RunListener] | None = None) -> Run
         PlanError: When nothing fits the GPU.
     """
     run = AsrRun(cfg, listeners)
-    run.prepare()
-    for stage, fraction in enumerate(cfg.stages, start=1):
-        run.train_stage(stage, fraction)
-    return run.finish()
+    try:
+        run.prepare()
+        for stage, fraction in enumerate(cfg.stages, start=1):
+            run.train_stage(stage, fraction)
+        return run.finish()
+    finally:  # also when stopped by a signal: the checkpoint is written by then
+        if run.trainer is not None:
+            run.trainer.end_training()
 
 
 def load_report(out_dir: str | Path) -> dict[str, Any]:

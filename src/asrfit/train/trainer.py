@@ -477,6 +477,11 @@ class MemoryEfficientTrainer(StepMixin):
         )
 
     # ------------------------------------------------------------------ checkpoints
+    def end_training(self) -> None:
+        """Leave the process group (Accelerate's ``end_training``) once no trainer of this
+        process trains again: a torchrun process exiting in its gloo group can SIGABRT."""
+        self.accelerator.end_training()
+
     def save_checkpoint(self) -> Path | None:
         """Checkpoint the current step into ``out_dir/checkpoints`` (every process must call it).
 
