@@ -20,10 +20,6 @@ PUBLISHED_HELD_OUT = 0.076
 # On a shared machine a whole round can run 1.3-1.5x slow (the same section); the best of
 # three interleaved rounds drops most of that, and this allowance takes the rest.
 SHARED_MACHINE_ALLOWANCE = 0.124
-# The published figure is one host's. On other hosts the micro-benchmarks and real steps
-# disagree by one host-wide factor: the CI host ran these three cases 27-30 % faster than
-# predicted (hubert 15.6 ms against 20.3, wavlm 12.8 against 16.3), another 2-core host
-# ran 33 held-out steps a median 28 % slower (docs/step_time.md, "Other hosts").
 
 
 @pytest.mark.slow
@@ -56,11 +52,11 @@ def test_predicted_step_times_are_within_the_published_error() -> None:
         for r, e in zip(rows, errors, strict=True)
     )
     assert len(rows) == 3
-    # The absolute error is not asserted: on this development host one clean-clone run read
-    # 69-141 % (the child's micro-benchmarks met a slow moment), another 5-20 %; a host-wide
-    # factor is what `asrfit calibrate` is for. It is printed with the relative check below.
-    # Relative times decide between setups; the host-wide factor cancels in them. Each time
-    # over the geometric mean of the three, predicted against measured:
+    # The absolute error is printed, not asserted: it carries a host-wide factor (the CI host
+    # ran these cases 27-30 % faster than predicted, another 2-core host a median 28 % slower:
+    # docs/step_time.md, "Other hosts"), which is what `asrfit calibrate` is for. Relative
+    # times decide between setups and the factor cancels in them: each time over the
+    # geometric mean of the three, predicted against measured.
     predicted = [r["predicted_seconds"] for r in rows]
     measured = [min(r["round_medians"]) for r in rows]
     relative = [
