@@ -101,4 +101,6 @@ def run(trainer, sampler, data, durations, out: Path, mode: str, rank: int) -> i
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), sys.argv[2]))
+    status = main(Path(sys.argv[1]), sys.argv[2])
+    print(f"rank {os.environ['RANK']}: main returned {status}", file=sys.stderr, flush=True)
+    sys.exit(status)

@@ -32,6 +32,7 @@ def _torchrun(out: Path, mode: str) -> subprocess.CompletedProcess:
         OMP_NUM_THREADS="1",
         GLOO_SOCKET_IFNAME="lo",
         ACCELERATE_USE_CPU="yes",
+        PYTHONFAULTHANDLER="1",  # a worker that aborts prints where
     )
     out.mkdir(parents=True, exist_ok=True)
     command = [
@@ -76,7 +77,7 @@ def _weights(path: Path) -> dict:
 
 def test_sigterm_to_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path):
     reference = _torchrun(tmp_path / "reference", "reference")
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert reference.returncode == 0, reference.stderr[-8000:]
 
     run = tmp_path / "run"
     stopped = _torchrun(run, "signal")
@@ -94,7 +95,7 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path
 
     _refused_on_one_process(run)
     resumed = _torchrun(run, "resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, resumed.stderr[-8000:]
     want, got = _weights(tmp_path / "reference" / "final.pt"), _weights(run / "final.pt")
     assert want.keys() == got.keys()
     for name, value in want.items():
