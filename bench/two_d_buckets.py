@@ -123,7 +123,8 @@ def main() -> None:
     )
     body = "\n".join(
         [
-            f"### {', '.join(f'{m} on {g}' for m, g in cases)}",
+            "## Two-dimensional buckets, predicted throughput: "
+            + ", ".join(f"{m} on {g}" for m, g in cases),
             "",
             f"Command: `{command}`  ",
             f"Run: {date.today()}, {platform.machine()} {platform.system()}, "

@@ -173,6 +173,6 @@ def test_fit_to_real_simulations_predicts_held_out_shapes() -> None:
     model = fit_from_simulator(sim, default_fit_shapes(12_000, 1 / 1000))
     assert model.max_relative_residual < 0.05
     # the published bound for the fitted model against a fresh simulation: README and
-    # docs/benchmarks.md, "Bucket limits against fresh full simulations", within 0.14 %
+    # docs/history.md, "Bucket limits against fresh full simulations", within 0.14 %
     for b, t, u in [(3, 6_000, 6), (6, 9_000, 9)]:
         assert model.predict(b, t, u) == pytest.approx(sim(b, t, u), rel=0.0014)

@@ -9,7 +9,7 @@ Training on the CPU with the decoded inputs cached takes no worker. The cache li
 process that loads: the training process keeps it across epochs, while a worker's copy goes
 with the worker at each epoch's end, so a worker decodes and featurises every utterance again
 every epoch, on the cores the training threads use. Measured with the speech demo's recipe
-(conformer-ctc-small, 2 epochs, 2 cores, two pairs of runs; `docs/benchmarks.md`, "Loader
+(conformer-ctc-small, 2 epochs, 2 cores, two pairs of runs; `docs/history.md`, "Loader
 workers when training on the CPU"): the second epoch took 80.1 and 74.6 s with none against
 94.0 and 90.8 s with one worker; the first epochs, which decode either way, 77.5-83.2 s.
 """
