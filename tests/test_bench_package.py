@@ -189,7 +189,7 @@ def test_the_headline_set_is_what_make_bench_runs() -> None:
     )
     commands = [line.removeprefix("$ ") for line in done.stdout.splitlines()]
     assert commands[0] == "python -m bench memory_accuracy --out docs/benchmarks.md"
-    assert commands[-2] == "python -m bench profile_speed"
+    assert commands[-2] == "python -m bench demo_training --out docs/benchmarks.md"
     assert commands[-1] == "python -m bench current_figures --out docs/benchmarks.md"
     assert len(commands) == 8
     assert "$(BIN)/python -m bench headline" in (ROOT / "Makefile").read_text(encoding="utf-8")
