@@ -23,7 +23,7 @@ from test_ddp import make_data, make_plan, make_trainer
 
 from asrfit.data.sampler import MemoryBudgetSampler
 from asrfit.train.interrupt import TrainingInterrupted
-from asrfit.train.step import StepMixin
+from asrfit.train.step import OptimizerStep
 
 STEPS = 5
 SIGNAL_AT = 2
@@ -45,14 +45,14 @@ def main(out: Path, mode: str) -> int:
     )
     sampler = MemoryBudgetSampler(durations, plan, seed=3, num_replicas=world, rank=rank)
     if mode == "signal" and rank == 1:
-        real_step = StepMixin._step
+        real_run = OptimizerStep.run
 
-        def step(self, window):
-            if self.global_step + 1 == SIGNAL_AT:  # the step in progress: it finishes
+        def run_step(self, window):
+            if self.state.global_step + 1 == SIGNAL_AT:  # the step in progress: it finishes
                 os.kill(os.getpid(), signal.SIGTERM)
-            return real_step(self, window)
+            return real_run(self, window)
 
-        StepMixin._step = step
+        OptimizerStep.run = run_step
     if mode == "full" and rank == 0:  # no room for the checkpoint: writes fail with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         real_save = torch.save

@@ -156,20 +156,20 @@ def _faults(kind: str, n: int, out: Path) -> None:
 
         Path.rename = rename
     elif kind in ("step", "ctrl_c", "sigterm"):  # killed, or signalled, during the n-th step
-        from asrfit.train.step import StepMixin
+        from asrfit.train.step import OptimizerStep
 
-        real_step = StepMixin._step
+        real_run = OptimizerStep.run
         sent = {"ctrl_c": signal.SIGINT, "sigterm": signal.SIGTERM}.get(kind)
 
-        def step(self, window):
+        def run_step(self, window):
             if hit() and sent is not None:
                 os.kill(os.getpid(), sent)  # the handler lets the step finish
-            record = real_step(self, window)
+            result = real_run(self, window)
             if kind == "step" and count["n"] == n:
                 die()
-            return record
+            return result
 
-        StepMixin._step = step
+        OptimizerStep.run = run_step
 
 
 def _child(config: dict, kind: str | None, n: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from asrfit.errors import ConfigError
+from asrfit.train.records import MicroBatch
 
 if TYPE_CHECKING:
     from asrfit.plan.plan import Plan
@@ -326,6 +327,52 @@ class DataInfo:
     label_lengths: Sequence[int] | None = None
     lengths: Sequence[float] | None = None
     batch_limit: Callable[[float], int] | None = None
+
+
+def sampler_info(
+    sampler: Any,
+    known: DataInfo,
+    durations: Sequence[float] | None,
+    label_lengths: Sequence[int] | None,
+) -> DataInfo:
+    """What is known of a batch sampler's utterances: what is given, else what was recorded
+    when the sampler was built (``known``), else the sampler's own attributes."""
+    durations = first_given(durations, known.durations, getattr(sampler, "durations", None))
+    label_lengths = first_given(
+        label_lengths, known.label_lengths, getattr(sampler, "label_lengths", None)
+    )
+    lengths = known.lengths if known.lengths is not None else durations
+    return DataInfo(durations, label_lengths, lengths, known.batch_limit)
+
+
+def length_of(data: Any) -> int | None:
+    """``len(data)``, or None for data without a length."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def first_given(*values: Any) -> Any:
+    """The first value that is not None (None when all are)."""
+    return next((v for v in values if v is not None), None)
+
+
+def skip_batches(data: Iterable[Any], skip: int) -> Iterator[MicroBatch]:
+    """The batches of ``data`` after its first ``skip``, as micro-batches."""
+    for position, batch in enumerate(data):
+        if position >= skip:
+            yield MicroBatch(batch)
+
+
+def set_dataset_epoch(dataset: Any, epoch: int) -> None:
+    """``dataset.set_epoch(epoch)`` when it (or the dataset a ``Subset`` wraps) has it."""
+    while dataset is not None:
+        method = getattr(dataset, "set_epoch", None)
+        if callable(method):
+            method(epoch)
+            return
+        dataset = getattr(dataset, "dataset", None)
 
 
 def build_batch_sampler(

@@ -2,7 +2,8 @@
 gradient checkpointing, the CUDA allocator's mode and the memory budget.
 
 Each is usable on its own (for example ``build_optimizer`` in a hand-written loop);
-:class:`asrfit.train.trainer.MemoryEfficientTrainer` puts them together.
+:func:`prepare_engines` puts them together for
+:class:`asrfit.train.trainer.MemoryEfficientTrainer`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,9 +19,12 @@ import torch
 from asrfit.errors import ConfigError, MissingDependencyError
 from asrfit.memory.setup import OptimizerKind, Precision
 from asrfit.models.checkpointing import checkpoint_first_layers
+from asrfit.train.host_allocator import keep_freed_host_memory
 from asrfit.train.records import GIB
 
 if TYPE_CHECKING:
+    from accelerate import Accelerator
+
     from asrfit.plan.plan import Plan
     from asrfit.train.config import TrainingConfig
 
@@ -175,3 +180,74 @@ def memory_budget_bytes(plan: Plan | None, config: TrainingConfig, device: torch
     from asrfit.train.probes import host_total_bytes
 
     return host_total_bytes()
+
+
+@dataclass(frozen=True)
+class Engines:
+    """What :func:`prepare_engines` made of a model and an optimizer.
+
+    Attributes:
+        accelerator: The ``Accelerator`` (with DeepSpeed's plugin for a ZeRO plan).
+        model: The prepared model (DDP- or DeepSpeed-wrapped where it runs so).
+        optimizer: The prepared optimizer.
+        mixed_precision: Accelerate's mode: ``"no"``, ``"fp16"`` or ``"bf16"``.
+        pure_bf16: The weights were cast to bfloat16 (no autocast).
+        deepspeed_steps: DeepSpeed's ``gradient_accumulation_steps``, by which it divides each
+            micro-batch's loss; 0 without DeepSpeed.
+    """
+
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    mixed_precision: str
+    pure_bf16: bool
+    deepspeed_steps: int
+
+
+def prepare_engines(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    plan: Plan | None,
+    config: TrainingConfig,
+    *,
+    cpu: bool,
+    expandable_segments: bool | None,
+) -> Engines:
+    """Set up what the plan (else the config) asks for, then ``accelerator.prepare`` the two.
+
+    In order: the CUDA allocator's mode (``expandable_segments`` overrides the plan's; on
+    without a plan), the host allocator off CUDA, mixed precision, DeepSpeed for a ZeRO plan,
+    a fresh ``Accelerator``, bf16 weights, gradient checkpointing and, when ``optimizer`` is
+    None, the plan's (else the config's) optimizer.
+
+    Raises:
+        MissingDependencyError: The plan needs DeepSpeed (or bitsandbytes) and it is not installed.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    flag = plan.expandable_segments if plan is not None else True
+    configure_cuda_allocator(flag if expandable_segments is None else expandable_segments)
+    cuda = torch.cuda.is_available() and not cpu
+    if not cuda:  # the step-time model prices pages already mapped, as on a GPU
+        keep_freed_host_memory()
+    mixed_precision, pure_bf16 = resolve_mixed_precision(plan, config, cuda=cuda)
+    plugin = deepspeed_plugin(plan) if plan is not None and plan.setup.zero_stage else None
+    if AcceleratorState._shared_state:  # a second trainer in a process may change precision
+        AcceleratorState._reset_state()
+    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=cpu, deepspeed_plugin=plugin)
+    if pure_bf16:
+        model = model.to(torch.bfloat16)
+    ckpt_source = plan.setup if plan is not None else config  # both name the two fields
+    if ckpt_source.gradient_checkpointing or ckpt_source.checkpoint_layers:
+        enable_gradient_checkpointing(model, ckpt_source.checkpoint_layers)
+    if optimizer is None:
+        kind = plan.setup.optimizer if plan is not None else config.optim
+        optimizer = build_optimizer(model, kind, config.learning_rate, cpu=not cuda)
+    prepared_model, prepared_optimizer = accelerator.prepare(model, optimizer)
+    deepspeed_steps = 0
+    if plugin is not None:
+        deepspeed_steps = int(plugin.deepspeed_config["gradient_accumulation_steps"])
+    return Engines(
+        accelerator, prepared_model, prepared_optimizer, mixed_precision, pure_bf16, deepspeed_steps
+    )

@@ -5,22 +5,29 @@ total units (summed over processes), so the accumulated gradient equals one big 
 an out-of-memory error splits the failing micro-batch inside the same step
 (:func:`~asrfit.train.oom.run_with_recovery`); then clipping, the optimizer and the
 schedule step, and the memory monitor records the step.
+
+The trainer builds one :class:`OptimizerStep` with what stays fixed (accelerator, model,
+optimizer, loss and units functions, limits and counters) and calls :meth:`OptimizerStep.run`
+once per window; what changes between steps it reads, and advances, through
+:class:`StepState`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from asrfit.errors import ConfigError
-from asrfit.train.guards import NonFiniteGuard, presplit, total_grad_norm
-from asrfit.train.interrupt import TrainingInterrupted
+from asrfit.models.losses import LossFn, UnitsFn
+from asrfit.train.batching import DataInfo
+from asrfit.train.guards import MicroBatchLimits, NonFiniteGuard, presplit, total_grad_norm
 from asrfit.train.oom import (
+    BucketOOMCounter,
     OOMEvent,
     describe_batch,
     lower_bucket_limit,
@@ -31,70 +38,82 @@ from asrfit.train.oom import (
 from asrfit.train.preflight import predict_batch_bytes
 from asrfit.train.records import MicroBatch, StepRecord
 
+if TYPE_CHECKING:  # accelerate, the plan and the config are imported when they are used
+    from accelerate import Accelerator
 
-class StepMixin:
-    """The optimizer-step half of the trainer; it reads the trainer's attributes.
+    from asrfit.plan.plan import Plan
+    from asrfit.train.config import TrainingConfig
+    from asrfit.train.monitor import MemoryMonitor
 
-    Uses ``accelerator``, ``model``, ``optimizer``, ``scheduler``, ``loss_fn``, ``units_fn``,
-    ``collate_fn``, ``dataset``, ``config``, ``plan``, ``monitor``, ``sampler``,
-    ``info``, ``oom_counter``, ``oom_events``, ``global_step``, ``epoch`` and ``out_dir``, all set by
-    the trainer's ``__init__``.
+
+class StepState(Protocol):
+    """What a step reads of the trainer that changes after construction, and what it advances.
+
+    :class:`~asrfit.train.trainer.MemoryEfficientTrainer` is one. ``train()`` sets
+    ``scheduler``, ``monitor``, ``dataset`` and ``info``; a resume and the pre-flight replace
+    ``plan``, which a step lowers after repeated OOMs; the loop sets ``epoch``; a step
+    advances ``global_step`` by one.
     """
 
-    accelerator: Any
-    model: torch.nn.Module
-    optimizer: Any
-    scheduler: Any
-    loss_fn: Any
-    units_fn: Any
-    collate_fn: Any
+    plan: Plan | None
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None
+    monitor: MemoryMonitor | None
     dataset: Any
-    config: Any
-    plan: Any
-    monitor: Any
-    sampler: Any
-    oom_counter: Any
-    info: Any
-    oom_events: list[OOMEvent]
+    info: DataInfo
     global_step: int
     epoch: int
-    out_dir: Any
-    _deepspeed_steps: int
-    micro_limits: Any
-    interrupts: Any
-    epoch_loss_total: float
-    epoch_units_total: int
-    _last_saved_step: int
-    _last_saved_path: Any
-    nonfinite: Any
-    _last_memory: dict[str, Any]
 
-    @property
-    def epoch_mean_loss(self) -> float:
-        """Mean loss per unit over the current epoch's steps (the last epoch's, between
-        epochs), those before a resume included; NaN before its first step."""
-        if not self.epoch_units_total:
-            return math.nan
-        return self.epoch_loss_total / self.epoch_units_total
 
-    def _stop_if_signalled(self) -> None:
-        """After a step: when Ctrl-C or a stop signal reached any process (every process
-        agrees, :meth:`~asrfit.train.interrupt.InterruptRequest.agreed`), checkpoint this
-        step (unless just done) and raise :class:`TrainingInterrupted` on every process."""
-        stop = self.interrupts.agreed(self.accelerator) if self.out_dir is not None else 0
-        if stop:
-            saved = self._last_saved_step == self.global_step
-            path = self._last_saved_path if saved else self.save_checkpoint()
-            raise TrainingInterrupted(self.global_step, path, stop)
+class OptimizerStep:
+    """Runs the trainer's optimizer steps, one window of micro-batches per :meth:`run`.
+
+    Args:
+        state: The trainer's changing state, read at each step (see :class:`StepState`).
+        accelerator: The trainer's ``Accelerator``.
+        model: The prepared (possibly DDP-wrapped) model.
+        optimizer: The prepared optimizer.
+        loss_fn: ``loss_fn(model, batch) -> (loss_sum, units)``.
+        units_fn: ``units_fn(batch) -> units``, counted before the forward pass.
+        collate_fn: ``collate(samples) -> batch``, to re-collate the halves of a split.
+        config: The training config (``max_grad_norm``).
+        micro_limits: Per-bucket piece limits, lowered after repeated OOMs.
+        oom_counter: OOMs per bucket, which decide when a limit is lowered.
+        nonfinite: Counts steps skipped for a NaN/inf loss or gradient.
+        oom_events: Where each recovered OOM is appended.
+        deepspeed_steps: DeepSpeed's ``gradient_accumulation_steps``; 0 without DeepSpeed.
+        out_dir: Where a lowered plan is saved (main process), or None.
+    """
+
+    def __init__(
+        self,
+        state: StepState,
+        *,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        units_fn: UnitsFn,
+        collate_fn: Callable[[list[Any]], Any],
+        config: TrainingConfig,
+        micro_limits: MicroBatchLimits,
+        oom_counter: BucketOOMCounter,
+        nonfinite: NonFiniteGuard,
+        oom_events: list[OOMEvent],
+        deepspeed_steps: int,
+        out_dir: Path | None,
+    ) -> None:
+        self.state = state
+        self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
+        self.loss_fn, self.units_fn, self.collate_fn = loss_fn, units_fn, collate_fn
+        self.config, self.micro_limits, self.oom_counter = config, micro_limits, oom_counter
+        self.nonfinite, self.oom_events = nonfinite, oom_events
+        self._deepspeed_steps, self.out_dir = deepspeed_steps, out_dir
 
     def _predicted_bytes(self, micro: MicroBatch) -> int | None:
-        if self.plan is None or self.info.durations is None or micro.indices is None:
+        plan, info = self.state.plan, self.state.info
+        if plan is None or info.durations is None or micro.indices is None:
             return None
-        return predict_batch_bytes(
-            self.plan, micro.indices, self.info.durations, self.info.label_lengths
-        )
-
-    # ------------------------------------------------------------------ the loop
+        return predict_batch_bytes(plan, micro.indices, info.durations, info.label_lengths)
 
     def _reduce_sum(self, values: list[float]) -> list[float]:
         if self.accelerator.num_processes == 1:
@@ -130,9 +149,10 @@ class StepMixin:
 
     def _split(self, micro: MicroBatch, sizes: tuple[int, int]) -> tuple[MicroBatch, MicroBatch]:
         """Halves of a micro-batch: re-collated from the dataset (less padding) when possible."""
-        if micro.indices is not None and self.dataset is not None:
+        dataset = self.state.dataset
+        if micro.indices is not None and dataset is not None:
             parts = [micro.indices[: sizes[0]], micro.indices[sizes[0] :]]
-            a, b = (self.collate_fn([self.dataset[i] for i in part]) for part in parts)
+            a, b = (self.collate_fn([dataset[i] for i in part]) for part in parts)
         else:
             parts = [None, None]
             a, b = split_batch(micro.batch, sizes)
@@ -141,8 +161,21 @@ class StepMixin:
             MicroBatch(b, parts[1], micro.bucket, micro.origin),
         )
 
-    def _step(self, window: list[MicroBatch]) -> StepRecord:
-        acc = self.accelerator
+    def run(self, window: list[MicroBatch]) -> tuple[StepRecord, dict[str, Any]]:
+        """One optimizer step over a window of micro-batches; advances ``global_step``.
+
+        Returns:
+            The step's record and the memory monitor's record of it.
+
+        Raises:
+            ConfigError: The window has no loss units, or ``units_fn`` disagrees with ``loss_fn``.
+            BatchTooLargeError: A single utterance ran out of memory.
+            NonFiniteLossError: Too many steps in a row had a NaN/inf loss or gradient.
+        """
+        state, acc = self.state, self.accelerator
+        scheduler, monitor = state.scheduler, state.monitor
+        if scheduler is None or monitor is None:
+            raise RuntimeError("OptimizerStep.run() needs the scheduler and monitor train() sets.")
         for position, micro in enumerate(window):
             micro.origin = position
         window = presplit(
@@ -157,7 +190,7 @@ class StepMixin:
         if global_units <= 0:
             raise ConfigError("an optimizer step has 0 loss units (empty labels?); check units_fn.")
         scale = acc.num_processes / global_units  # DDP averages over processes
-        self.monitor.start_step()
+        monitor.start_step()
         learning_rate = self.optimizer.param_groups[0]["lr"]
         report = run_with_recovery(
             window,
@@ -183,13 +216,13 @@ class StepMixin:
                 "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
             )
             if not acc.optimizer_step_was_skipped:
-                self.scheduler.step()
+                scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
+        state.global_step += 1
         self.nonfinite.record(
             cause if bad else None,
-            self.global_step,
-            "; ".join(where_of(self.dataset, m) for m in window),
+            state.global_step,
+            "; ".join(where_of(state.dataset, m) for m in window),
         )
         ok_sizes: dict[int, int] = {}
         for piece in report.pieces:
@@ -198,20 +231,20 @@ class StepMixin:
         loss_sum = sum(result[0] for result in report.results)
         global_loss, n_events = self._reduce_sum([loss_sum, float(len(local_events))])
         for piece, size, phase, halves in report.events:
-            self.oom_events.append(OOMEvent(self.global_step, piece.bucket, size, phase, halves))
+            self.oom_events.append(OOMEvent(state.global_step, piece.bucket, size, phase, halves))
         if n_events:
             self._count_ooms(local_events)
         heaviest = max(window, key=lambda m: (self._predicted_bytes(m) or 0, m.size))
-        self._last_memory = self.monitor.end_step(
-            self.global_step,
+        memory = monitor.end_step(
+            state.global_step,
             bucket=heaviest.bucket,
             predicted_bytes=self._predicted_bytes(heaviest),
             batch_size=heaviest.size,
         )
         has_indices = all(m.indices is not None for m in window)
-        return StepRecord(
-            step=self.global_step,
-            epoch=self.epoch,
+        record = StepRecord(
+            step=state.global_step,
+            epoch=state.epoch,
             loss=global_loss / global_units,
             units=int(global_units),
             utterances=sum(m.size for m in window),
@@ -219,6 +252,7 @@ class StepMixin:
             indices=[list(m.indices) for m in window] if has_indices else None,
             learning_rate=learning_rate,
         )
+        return record, memory
 
     def _count_ooms(self, local_events: list[tuple[int | None, int]]) -> None:
         """Lower a bucket's limit after ``oom_limit`` OOMs in it (the same on every process)."""
@@ -228,52 +262,23 @@ class StepMixin:
 
             events = [e for per_rank in gather_object([local_events]) for e in per_rank]
         for bucket, ok_size in events:
-            if not self.oom_counter.record(bucket, ok_size) or self.plan is None:
+            plan = self.state.plan
+            if not self.oom_counter.record(bucket, ok_size) or plan is None:
                 continue
-            current = self.micro_limits.limits.get(bucket, self.plan.buckets[bucket].batch_size)
+            current = self.micro_limits.limits.get(bucket, plan.buckets[bucket].batch_size)
             new = self.oom_counter.new_limit(bucket, current)
             if new is not None:
                 # the sampler keeps its batches (each step keeps its utterances): the bucket's
                 # micro-batches run in pieces of at most `new` from now on
                 self.micro_limits.lower(bucket, new)
-                self.plan = lower_bucket_limit(
-                    self.plan,
+                self.state.plan = lower_bucket_limit(
+                    plan,
                     bucket,
                     new,
                     sampler=None,
                     out_dir=self.out_dir if self.accelerator.is_main_process else None,
                     oom_count=self.oom_counter.oom_limit,
                 )
-
-
-def length_of(data: Any) -> int | None:
-    """``len(data)``, or None for data without a length."""
-    try:
-        return len(data)
-    except TypeError:
-        return None
-
-
-def first_given(*values: Any) -> Any:
-    """The first value that is not None (None when all are)."""
-    return next((v for v in values if v is not None), None)
-
-
-def skip_batches(data: Iterable[Any], skip: int) -> Iterator[MicroBatch]:
-    """The batches of ``data`` after its first ``skip``, as micro-batches."""
-    for position, batch in enumerate(data):
-        if position >= skip:
-            yield MicroBatch(batch)
-
-
-def set_dataset_epoch(dataset: Any, epoch: int) -> None:
-    """``dataset.set_epoch(epoch)`` when it (or the dataset a ``Subset`` wraps) has it."""
-    while dataset is not None:
-        method = getattr(dataset, "set_epoch", None)
-        if callable(method):
-            method(epoch)
-            return
-        dataset = getattr(dataset, "dataset", None)
 
 
 def where_of(dataset: Any, micro: MicroBatch) -> str:

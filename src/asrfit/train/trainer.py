@@ -34,46 +34,41 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asrfit.errors import ConfigError, MissingDependencyError
-from asrfit.models.losses import batch_size_of, default_loss_fn
+from asrfit.models.losses import LossFn, batch_size_of, default_loss_fn
 from asrfit.train import checkpoint as ckpt
 from asrfit.train.batching import (
     DataInfo,
     SkipFirst,
     build_batch_sampler,
     is_map_style,
+    length_of,
     load_batches,
     pad_collate,
+    sampler_info,
+    set_dataset_epoch,
+    skip_batches,
 )
-from asrfit.train.engines import (
-    build_optimizer,
-    configure_cuda_allocator,
-    deepspeed_plugin,
-    enable_gradient_checkpointing,
-    memory_budget_bytes,
-    resolve_mixed_precision,
-)
+from asrfit.train.engines import memory_budget_bytes, prepare_engines
 from asrfit.train.guards import MicroBatchLimits, NonFiniteGuard
-from asrfit.train.host_allocator import keep_freed_host_memory
-from asrfit.train.interrupt import DEFAULT_STOP_SIGNALS, InterruptRequest
+from asrfit.train.interrupt import DEFAULT_STOP_SIGNALS, InterruptRequest, TrainingInterrupted
 from asrfit.train.oom import BucketOOMCounter, OOMEvent
 from asrfit.train.preflight import PreflightResult, preflight_trainer
 from asrfit.train.preflight_limits import apply_preflight
 from asrfit.train.progress import ProgressReport
 from asrfit.train.records import MicroBatch, StepRecord, TrainSummary, windows
 from asrfit.train.schedule import warmup_schedule
-from asrfit.train.step import StepMixin, first_given, length_of, set_dataset_epoch, skip_batches
+from asrfit.train.step import OptimizerStep
 from asrfit.utils.io import Pathlike
 
 if TYPE_CHECKING:  # the plan and the config import scipy and transformers: only when used
     from asrfit.plan.plan import Plan
     from asrfit.train.config import TrainingConfig
+    from asrfit.train.monitor import MemoryMonitor
 
 logger = logging.getLogger(__name__)
 
-LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
 
-
-class MemoryEfficientTrainer(StepMixin):
+class MemoryEfficientTrainer:
     """Train a model on a plan (or the seed's config) with Accelerate.
 
     Where the plan and the config disagree, the plan decides precision, gradient
@@ -143,9 +138,6 @@ class MemoryEfficientTrainer(StepMixin):
         listeners: Sequence[Any] = (),
         stop_signals: Sequence[str | int] | str | None = DEFAULT_STOP_SIGNALS,
     ) -> None:
-        from accelerate import Accelerator
-        from accelerate.state import AcceleratorState
-
         if config is None:
             from asrfit.train.config import TrainingConfig
 
@@ -155,11 +147,8 @@ class MemoryEfficientTrainer(StepMixin):
         self.units_fn = units_fn or batch_size_of
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.collate_fn = collate_fn or pad_collate
-        self.keep_last, self.save_every_steps, self.listeners = (
-            keep_last,
-            save_every_steps,
-            listeners,
-        )
+        self.keep_last, self.save_every_steps = keep_last, save_every_steps
+        self.listeners = listeners
         self.preflight_enabled, self.progress = preflight, progress
         self.log_every_steps, self.seed = max(1, log_every_steps), seed
         self.oom_counter = BucketOOMCounter(oom_limit)
@@ -172,32 +161,13 @@ class MemoryEfficientTrainer(StepMixin):
             parameter.grad = None
         self.accumulation_steps = config.gradient_accumulation_steps
 
-        flag = plan.expandable_segments if plan is not None else True
-        configure_cuda_allocator(flag if expandable_segments is None else expandable_segments)
-        cuda = torch.cuda.is_available() and not cpu
-        if not cuda:  # the step-time model prices pages already mapped, as on a GPU
-            keep_freed_host_memory()
-        mixed_precision, pure_bf16 = resolve_mixed_precision(plan, config, cuda=cuda)
-        plugin = deepspeed_plugin(plan) if plan is not None and plan.setup.zero_stage else None
-        if AcceleratorState._shared_state:  # a second trainer in a process may change precision
-            AcceleratorState._reset_state()
-        self.accelerator = Accelerator(
-            mixed_precision=mixed_precision, cpu=cpu, deepspeed_plugin=plugin
+        engines = prepare_engines(
+            model, optimizer, plan, config, cpu=cpu, expandable_segments=expandable_segments
         )
-        if pure_bf16:
-            model = model.to(torch.bfloat16)
-        ckpt_source = plan.setup if plan is not None else config  # both name the two fields
-        if ckpt_source.gradient_checkpointing or ckpt_source.checkpoint_layers:
-            enable_gradient_checkpointing(model, ckpt_source.checkpoint_layers)
-        if optimizer is None:
-            kind = plan.setup.optimizer if plan is not None else config.optim
-            optimizer = build_optimizer(model, kind, config.learning_rate, cpu=not cuda)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self._deepspeed_steps = 0
-        if plugin is not None:  # DeepSpeed divides each micro-batch's loss by this
-            self._deepspeed_steps = int(plugin.deepspeed_config["gradient_accumulation_steps"])
+        self.accelerator = engines.accelerator
+        self.model, self.optimizer = engines.model, engines.optimizer
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
-        self.monitor: Any = None
+        self.monitor: MemoryMonitor | None = None
         self.global_step, self.epoch, self.batches_in_epoch = 0, 0, 0
         self.history: list[StepRecord] = []
         self.oom_events: list[OOMEvent] = []
@@ -212,14 +182,29 @@ class MemoryEfficientTrainer(StepMixin):
         self.sampler: Any = None
         self.dataset: Any = None
         self.epoch_start_state: Any = None
-        self._last_memory: dict[str, Any] = {}
+        self._stepper = OptimizerStep(
+            self,
+            accelerator=self.accelerator,
+            model=self.model,
+            optimizer=self.optimizer,
+            loss_fn=self.loss_fn,
+            units_fn=self.units_fn,
+            collate_fn=self.collate_fn,
+            config=config,
+            micro_limits=self.micro_limits,
+            oom_counter=self.oom_counter,
+            nonfinite=self.nonfinite,
+            oom_events=self.oom_events,
+            deepspeed_steps=engines.deepspeed_steps,
+            out_dir=self.out_dir,
+        )
         logger.info(
             "trainer: %s on %s x %d, mixed precision %s%s, %d micro-batches per step, lr %g",
             type(model).__name__,
             self.accelerator.device,
             self.accelerator.num_processes,
-            mixed_precision,
-            " (pure bf16 weights)" if pure_bf16 else "",
+            engines.mixed_precision,
+            " (pure bf16 weights)" if engines.pure_bf16 else "",
             self.accumulation_steps,
             config.learning_rate,
         )
@@ -233,6 +218,14 @@ class MemoryEfficientTrainer(StepMixin):
     def checkpoint_dir(self) -> Path | None:
         """``out_dir/checkpoints``."""
         return None if self.out_dir is None else self.out_dir / "checkpoints"
+
+    @property
+    def epoch_mean_loss(self) -> float:
+        """Mean loss per unit over the current epoch's steps (the last epoch's, between
+        epochs), those before a resume included; NaN before its first step."""
+        if not self.epoch_units_total:
+            return math.nan
+        return self.epoch_loss_total / self.epoch_units_total
 
     # ------------------------------------------------------------------ data
     def make_sampler(
@@ -268,7 +261,7 @@ class MemoryEfficientTrainer(StepMixin):
         return cached[0]
 
     def _resolve_data(self, data: Any, dataset: Any, durations: Any, label_lengths: Any) -> Any:
-        """Return the batch sampler (None for a data loader); set ``_dataset`` and ``info``."""
+        """Return the batch sampler (None for a data loader); set ``dataset`` and ``info``."""
         if dataset is None and is_map_style(data):
             dataset, data = (
                 data,
@@ -279,12 +272,7 @@ class MemoryEfficientTrainer(StepMixin):
             self.info = DataInfo(durations, label_lengths)
             return None
         known = self._sampler_cache.get(id(data), (None, DataInfo()))[1]
-        durations = first_given(durations, known.durations, getattr(data, "durations", None))
-        label_lengths = first_given(
-            label_lengths, known.label_lengths, getattr(data, "label_lengths", None)
-        )
-        lengths = known.lengths if known.lengths is not None else durations
-        self.info = DataInfo(durations, label_lengths, lengths, known.batch_limit)
+        self.info = sampler_info(data, known, durations, label_lengths)
         replicas = getattr(data, "num_replicas", None)
         if replicas is not None and replicas != self.accelerator.num_processes:
             raise ConfigError(
@@ -451,12 +439,12 @@ class MemoryEfficientTrainer(StepMixin):
                     )
                 )
             for window in windows(micro_batches, self.accumulation_steps):
-                record = self._step(window)
+                record, memory = self._stepper.run(window)
                 self.batches_in_epoch += len(window)
                 self.history.append(record)
                 self.epoch_loss_total += record.loss * record.units
                 self.epoch_units_total += record.units
-                report.update(record, memory=self._last_memory)
+                report.update(record, memory=memory)
                 if ckpt.save_due(self):
                     self.save_checkpoint()
                 self._stop_if_signalled()
@@ -477,6 +465,16 @@ class MemoryEfficientTrainer(StepMixin):
         )
 
     # ------------------------------------------------------------------ checkpoints
+    def _stop_if_signalled(self) -> None:
+        """After a step: when Ctrl-C or a stop signal reached any process (every process
+        agrees, :meth:`~asrfit.train.interrupt.InterruptRequest.agreed`), checkpoint this
+        step (unless just done) and raise :class:`TrainingInterrupted` on every process."""
+        stop = self.interrupts.agreed(self.accelerator) if self.out_dir is not None else 0
+        if stop:
+            saved = self._last_saved_step == self.global_step
+            path = self._last_saved_path if saved else self.save_checkpoint()
+            raise TrainingInterrupted(self.global_step, path, stop)
+
     def end_training(self) -> None:
         """Leave the process group (Accelerate's ``end_training``) once no trainer of this
         process trains again: a torchrun process exiting in its gloo group can SIGABRT."""
