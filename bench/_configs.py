@@ -12,8 +12,8 @@ from typing import Any
 
 import transformers
 
-from asrfit.memory.adapters import BatchShape
 from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape
 
 
 def w2v(cls_name: str, hidden: int, heads: int, norm: str, stable: bool, **extra: Any) -> Any:

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from asrfit.memory.allocator import CUBLAS_WORKSPACE_BYTES, MIB, segment_bytes
-from asrfit.memory.tracker import round_block
+from asrfit.memory.cuda.allocator import CUBLAS_WORKSPACE_BYTES, MIB, segment_bytes
+from asrfit.memory.trace.tracker import round_block
 
 Row = dict[str, Any]
 

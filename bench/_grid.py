@@ -8,7 +8,7 @@ checkpointing, optimizer) and one padded batch shape. :func:`run_real_step` runs
 the simulator traces, on real tensors, exactly as :func:`asrfit.memory.simulate.simulate_step`
 drives it: same model class and config (SDPA attention, ``model.train()``), the feature
 encoder frozen, non-reentrant activation checkpointing, the optimizer from
-:func:`asrfit.memory.optimizers.make_optimizer`, ``torch.autocast("cpu", bfloat16)`` around
+:func:`asrfit.memory.trace.optimizers.make_optimizer`, ``torch.autocast("cpu", bfloat16)`` around
 forward and loss, the same label values (seeded ``randint`` in ``[1, vocab - 1)``, no
 padding) and two steps (forward, loss, backward, ``optimizer.step()``,
 ``zero_grad(set_to_none=True)``), of which the second is measured.
@@ -37,11 +37,12 @@ import transformers
 from torch import nn
 from torch.autograd import DeviceType
 
-from asrfit.memory.adapters import BatchShape, padded_attention_mask
-from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.models.adapters import padded_attention_mask
 from asrfit.memory.real_step import float_dtype
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.memory.simulate import default_dtype
+from asrfit.memory.step import BatchShape
+from asrfit.memory.trace.optimizers import make_optimizer
 from bench._report import write_section  # noqa: F401  (re-exported for the grid scripts)
 from bench._truth import storage_bytes
 

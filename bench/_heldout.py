@@ -49,7 +49,7 @@ def run(case: HeldOutCase) -> HeldOutRow:
     """Simulate ``case`` (target cpu) and measure its plain CPU step."""
     import time
 
-    from asrfit.memory.generic import speech_adapter as hf_adapter
+    from asrfit.memory.models.generic import speech_adapter as hf_adapter
     from asrfit.memory.simulate import simulate_step
     from bench import _truth
 
@@ -186,10 +186,10 @@ def render_groups(
 _HISTORY = (
     "The 41 cases written on 2026-11-23 were "
     "then used to find why one missed (wav2vec2-bert, -1.76 %: `_safe_softmax`'s inner "
-    "buffers, and other kernels measured since, `asrfit.memory.cpu_kernels`); the 9 cases "
+    "buffers, and other kernels measured since, `asrfit.memory.trace.cpu_kernels`); the 9 cases "
     "written after that fix were used to find why two bf16 wav2vec2-bert cases "
     "over-predicted (+5 %, +9 %: composite ATen code that runs in place in a plain step "
-    "runs out of place under a dispatch mode, `asrfit.memory.engine.plain_composites`). "
+    "runs out of place under a dispatch mode, `asrfit.memory.trace.engine.plain_composites`). "
     "Both groups are reported below as diagnosis cases for those fixes. The held-out "
     "cases are the 9 written after both fixes (`bench/cases.py`, set memory-3), 30 more "
     "written later the same day and 8 larger steps written after those had run "
@@ -213,7 +213,7 @@ _SCALE_NOTE = (
     "The real-scale cases (`bench/cases.py`, set memory-scale) use published widths and "
     "vocabularies, so vocabulary-sized buffers (a tied embedding's gradient) weigh as in "
     "real training; they were written before the rule for parameters used twice "
-    "(`asrfit.memory.engine`: a gradient that reaches the engine's input buffer as a view "
+    "(`asrfit.memory.trace.engine`: a gradient that reaches the engine's input buffer as a view "
     "keeps its base alive, so the engine sums out of place) and are reported apart from "
     "the small split. "
 )
@@ -247,9 +247,9 @@ def render(
         f"Run: {environment}.",
         "",
         '*Predicted*: `simulate_step(..., target="cpu").peak_raw_bytes`: fake tensors; '
-        "gradients summed in place as a plain step does (`asrfit.memory.engine`); each CPU "
+        "gradients summed in place as a plain step does (`asrfit.memory.trace.engine`); each CPU "
         "kernel's scratch and workspace measured on this CPU once per shape "
-        "(`asrfit.memory.cpu_kernels`). *Measured*: two real CPU training steps with no "
+        "(`asrfit.memory.trace.cpu_kernels`). *Measured*: two real CPU training steps with no "
         "dispatch mode active, the second step's peak replayed from the c10 CPU allocator's "
         "profiler memory events (`bench/_truth.py`, checked against closed-form counts in "
         "`tests/test_memory_truth.py`; the parameters and buffers are copied to fresh storages "

@@ -5,7 +5,7 @@ real step of ``bench/_grid.py`` (same model, inputs, optimizer and order as the 
 ``warmup`` times unmeasured and ``steps`` times measured, and returns the median;
 :func:`time_cases` times several cases one after the other, each on its own, in one or
 more rounds. The
-prediction is :func:`asrfit.memory.runtime.step_seconds` on the given rates. The 1-minute
+prediction is :func:`asrfit.memory.steptime.runtime.step_seconds` on the given rates. The 1-minute
 load average is read before and after the timed steps. On the CPU, glibc keeps freed memory
 (:func:`asrfit.train.host_allocator.keep_freed_host_memory`), as ``asrfit train`` does there.
 """
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from asrfit.memory.adapters import hf_adapter
-from asrfit.memory.optimizers import make_optimizer
-from asrfit.memory.runtime import StepCost, seconds_by_kind, step_seconds
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.steptime.runtime import StepCost, seconds_by_kind, step_seconds
+from asrfit.memory.trace.optimizers import make_optimizer
 from asrfit.profiles.rates import DeviceRates
 from asrfit.train.host_allocator import keep_freed_host_memory
 from bench import _grid

@@ -206,7 +206,7 @@ def real_inputs_from_adapter(adapter: Any, batch: Any, dtype: torch.dtype = torc
     """
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-    from asrfit.memory.tracker import StorageTracker
+    from asrfit.memory.trace.tracker import StorageTracker
 
     tracker = StorageTracker()
     with FakeTensorMode():
@@ -237,12 +237,12 @@ def measure_adapter_step(
 
     The model is built as the simulator builds it (same ``build``, default dtype, activation
     checkpointing, train mode), with the optimizer of
-    :func:`asrfit.memory.optimizers.make_optimizer`, except 8-bit AdamW, which is the real
+    :func:`asrfit.memory.trace.optimizers.make_optimizer`, except 8-bit AdamW, which is the real
     ``bitsandbytes.optim.AdamW8bit`` (the simulator models its state).
     """
-    from asrfit.memory.optimizers import make_optimizer
     from asrfit.memory.real_step import build_model, float_dtype
     from asrfit.memory.setup import OptimizerKind, Precision
+    from asrfit.memory.trace.optimizers import make_optimizer
 
     if threads is not None:
         torch.set_num_threads(threads)

@@ -31,7 +31,7 @@ def _pct(predicted: float, measured: float) -> float:
 
 def table(predictions: Path, folder: Path) -> str:
     """The markdown section: one row per held-out step, one column per part."""
-    from asrfit.memory.roofline import StepCost, step_seconds
+    from asrfit.memory.steptime.roofline import StepCost, step_seconds
     from asrfit.profiles.calibration import read_calibration, scaled_rates
     from asrfit.profiles.rates import DeviceRates
 

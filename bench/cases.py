@@ -21,8 +21,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from asrfit.memory.adapters import BatchShape
 from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape
 from asrfit.models.conformer import conformer_config
 from bench import _grid
 from bench._configs import (
@@ -323,7 +323,7 @@ MEMORY_1 = [
         BatchShape(2, 600, 50),
         setup("bf16", False, "adamw"),
     ),
-    # families without an asrfit adapter (asrfit.memory.generic)
+    # families without an asrfit adapter (asrfit.memory.models.generic)
     HeldOutCase(
         "data2vec-audio h56 bf16 adamw 3x1.6s",
         lambda: generic("data2vec-audio", 56, 4),
@@ -918,7 +918,7 @@ CASE_SETS: dict[str, CaseSet] = {
             "2026-11-23",
             "diagnosis",
             "the grid (bench/_grid.py) and the rule-writing steps, written after the CPU rules "
-            "were final (asrfit.memory.cpu_kernels, asrfit.memory.engine); then used to find "
+            "were final (asrfit.memory.trace.cpu_kernels, asrfit.memory.trace.engine); then used to find "
             "the first fix (_safe_softmax's buffers and other CPU kernels' scratch)",
             MEMORY_1,
         ),
@@ -928,7 +928,7 @@ CASE_SETS: dict[str, CaseSet] = {
             "2026-11-24",
             "diagnosis",
             "every earlier case, written after the first fix; then used to find the second "
-            "(composite ATen code in place in a plain step, asrfit.memory.engine."
+            "(composite ATen code in place in a plain step, asrfit.memory.trace.engine."
             "plain_composites)",
             MEMORY_2,
         ),
@@ -966,7 +966,7 @@ CASE_SETS: dict[str, CaseSet] = {
             "memory",
             "2026-11-28",
             "held out",
-            "the rule for parameters used twice (asrfit.memory.engine): written, with batches "
+            "the rule for parameters used twice (asrfit.memory.trace.engine): written, with batches "
             "and setups, before that rule changed, none run before it",
             MEMORY_SCALE,
         ),

@@ -3,7 +3,7 @@
 Run: ``PYTHONPATH=src .venv/bin/python -m bench conformer_step_profile --batch 8 --frames 600``
 
 Simulates one step of conformer-ctc-tiny (fp32 AdamW, padded batch) and prints the
-step-time model's prediction by op kind (``asrfit.memory.runtime.seconds_by_kind``, this
+step-time model's prediction by op kind (``asrfit.memory.steptime.runtime.seconds_by_kind``, this
 machine's rates at one thread), then times the real step (median of 7 after 3 warm-up) and
 lists the real step's largest ``torch.profiler`` self times, grouped by input shape. glibc
 keeps freed memory, as in ``asrfit train`` on a CPU (:mod:`asrfit.train.host_allocator`).
@@ -19,11 +19,11 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from asrfit.memory.adapters import BatchShape
 from asrfit.memory.report import resolve_adapter
-from asrfit.memory.runtime import seconds_by_kind, step_seconds
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
+from asrfit.memory.steptime.runtime import seconds_by_kind, step_seconds
 from asrfit.models.conformer.config import conformer_config
 from asrfit.models.conformer.modeling import ConformerForCTC
 from asrfit.profiles.host import host_rates

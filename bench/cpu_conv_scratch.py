@@ -5,7 +5,7 @@ Run: ``PYTHONPATH=src .venv/bin/python -m bench cpu_conv_scratch [--threads N]``
 Each row runs one convolution (forward, then backward for the input and the weight) on
 real CPU tensors under ``torch.profiler`` with memory events, and reports the bytes the
 kernel holds beyond what it returns (peak inside the op minus the bytes it leaves
-allocated), next to :mod:`asrfit.memory.scratch`'s rule for the same op. This is the
+allocated), next to :mod:`asrfit.memory.trace.scratch`'s rule for the same op. This is the
 evidence behind those rules; the accuracy grid (``bench/memory_accuracy.py``) checks them
 in whole training steps.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.autograd import DeviceType
 
-from asrfit.memory.scratch import CPU_SCRATCH
+from asrfit.memory.trace.scratch import CPU_SCRATCH
 
 aten = torch.ops.aten
 

@@ -512,7 +512,7 @@ def _summary(errors: list[float]) -> str:
 
 def render(predictions: Path, folder: Path) -> str:
     """The markdown section of a measured run."""
-    from asrfit.memory.roofline import StepCost, step_seconds
+    from asrfit.memory.steptime.roofline import StepCost, step_seconds
     from asrfit.profiles.calibration import read_calibration
 
     pred = json.loads(predictions.read_text(encoding="utf-8"))

@@ -76,9 +76,9 @@ def cases() -> list[Any]:
 
 def predict(case: Any) -> dict:
     """The simulator's peak and the step time on the H200's rates."""
-    from asrfit.memory.generic import speech_adapter
-    from asrfit.memory.roofline import step_seconds
+    from asrfit.memory.models.generic import speech_adapter
     from asrfit.memory.simulate import simulate_step
+    from asrfit.memory.steptime.roofline import step_seconds
     from asrfit.profiles.gpus.catalog import find_gpu
     from asrfit.profiles.rates import gpu_rates
 
@@ -102,10 +102,10 @@ def measure(case: Any, steps: int = 7, device: str = "cuda") -> dict:
     """The real step's peak allocated bytes and its median time on the GPU."""
     import gc
 
-    from asrfit.memory.generic import speech_adapter
-    from asrfit.memory.optimizers import make_optimizer
+    from asrfit.memory.models.generic import speech_adapter
     from asrfit.memory.real_step import build_model, float_dtype
     from asrfit.memory.setup import Precision
+    from asrfit.memory.trace.optimizers import make_optimizer
     from bench import _truth
 
     gpu = device == "cuda"  # "cpu": a dry run of this function (no memory figure)

@@ -105,7 +105,7 @@ def timing_cases() -> list:
 
 
 def timing(validate_gpu: object, data: dict, out: Path | None) -> None:
-    from asrfit.memory.roofline import step_seconds_parts
+    from asrfit.memory.steptime.roofline import step_seconds_parts
     from asrfit.profiles.hardware import HardwareProfile
     from asrfit.profiles.rates import gpu_rates
     from bench._timing import time_case
@@ -182,7 +182,7 @@ def render(raw: Path) -> str:
     """The step-time table of a saved run, predicted by the current model (markdown)."""
     import statistics
 
-    from asrfit.memory.roofline import StepCost, step_seconds, step_seconds_parts
+    from asrfit.memory.steptime.roofline import StepCost, step_seconds, step_seconds_parts
     from asrfit.profiles.gpus.catalog import find_gpu
     from asrfit.profiles.rates import gpu_rates
 
@@ -231,7 +231,7 @@ def repredict_grid(markdown: Path) -> str:
     import re
     import statistics
 
-    from asrfit.memory.adapters import hf_adapter
+    from asrfit.memory.models.adapters import hf_adapter
     from asrfit.memory.simulate import simulate_step
     from bench import _grid
 

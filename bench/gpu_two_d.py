@@ -143,11 +143,11 @@ def measure(
 
     ``device="cpu"`` is a dry run of this function (times, no memory figures).
     """
-    from asrfit.memory.optimizers import make_optimizer
     from asrfit.memory.real_step import build_model, float_dtype
     from asrfit.memory.report import resolve_adapter
     from asrfit.memory.setup import Precision, Setup
     from asrfit.memory.step import BatchShape
+    from asrfit.memory.trace.optimizers import make_optimizer
     from bench import _truth
 
     started = time.perf_counter()

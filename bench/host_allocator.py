@@ -12,7 +12,7 @@ applied, the two alternating over ``--rounds`` so that a change of load falls on
   ``--batch`` x ``--frames`` log-mel frames, ``--threads`` torch threads): median of
   ``--steps`` after 3 warm-up steps, with the process's peak RSS; beside it the step-time
   model's prediction for the same step on this machine's rates
-  (:func:`asrfit.memory.runtime.step_seconds`), which prices memory already mapped.
+  (:func:`asrfit.memory.steptime.runtime.step_seconds`), which prices memory already mapped.
 """
 
 from __future__ import annotations
@@ -75,11 +75,11 @@ def _child(mode: str, args: argparse.Namespace) -> dict:
 
 
 def _predicted_seconds(args: argparse.Namespace) -> float:
-    from asrfit.memory.adapters import BatchShape
     from asrfit.memory.report import resolve_adapter
-    from asrfit.memory.runtime import step_seconds
     from asrfit.memory.setup import Setup
     from asrfit.memory.simulate import simulate_step
+    from asrfit.memory.step import BatchShape
+    from asrfit.memory.steptime.runtime import step_seconds
     from asrfit.profiles.host import host_rates
 
     adapter, _ = resolve_adapter(f"conformer-ctc-{args.size}")

@@ -39,9 +39,10 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 from bench import _grid
 
 SECTION = "memory-accuracy-cpu"
@@ -136,7 +137,7 @@ def render_table(rows: list[Row]) -> str:
         f"Run: {_grid.environment_line()}, torch threads {torch.get_num_threads()}.",
         "",
         '*Predicted*: `simulate_step(..., target="cpu").peak_raw_bytes` (fake tensors, plus the '
-        "oneDNN convolution scratch of `asrfit.memory.scratch`, whose rules come from single "
+        "oneDNN convolution scratch of `asrfit.memory.trace.scratch`, whose rules come from single "
         "convolutions measured by `bench/cpu_conv_scratch.py`; one choice was made on this grid: "
         "16-bit backward scratch taken as `in + out`, not the up to 2x single bf16 convolutions "
         "show). "

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
-from asrfit.memory.adapters import BatchShape, hf_adapter
-from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.real_step import build_model
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
+from asrfit.memory.trace.optimizers import make_optimizer
 from asrfit.models.conformer import conformer_config
 from asrfit.train.host_allocator import keep_freed_host_memory
 from bench import _truth

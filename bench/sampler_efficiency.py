@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from asrfit.data.sampler import MemoryBudgetSampler
-from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.fit.costmodel import PeakModel
 from asrfit.memory.setup import Setup
 from asrfit.plan.bucketing import BUCKET_COUNTS, bucket_edges
 from asrfit.plan.plan import Bucket, DataDecisions, Plan

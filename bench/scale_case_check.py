@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from asrfit.memory.generic import speech_adapter
+from asrfit.memory.models.generic import speech_adapter
 from asrfit.memory.simulate import simulate_step
 from bench import _truth
 from bench.cases import cases as case_list

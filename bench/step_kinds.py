@@ -5,11 +5,11 @@ Run: ``PYTHONPATH=src .venv/bin/python -m bench step_kinds whisper bf16 0 sgd 2 
 case of ``bench/_grid.py``).
 
 Simulates the case (``target="cpu"``) and prices it on this machine's rates at one thread
-(:func:`asrfit.memory.runtime.seconds_by_kind`), then builds the real model, runs 3 steps
+(:func:`asrfit.memory.steptime.runtime.seconds_by_kind`), then builds the real model, runs 3 steps
 unmeasured and 9 measured alone (one model repeated, as in training; glibc keeps freed
 memory as ``asrfit train`` does on a CPU) and prints the median and fastest, and one more
 step under ``torch.profiler``: the self time of its aten ops summed by the kind
-:func:`asrfit.memory.runtime.op_kind` gives them, beside the predicted seconds and calls of
+:func:`asrfit.memory.steptime.runtime.op_kind` gives them, beside the predicted seconds and calls of
 that kind. The profiled kinds count composite and view ops the trace leaves out (their
 calls are higher), and the profiler adds its own overhead: read the columns side by side
 for a kind whose time is several times off, not for a few percent.
@@ -24,10 +24,10 @@ import statistics
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from asrfit.memory.adapters import hf_adapter
-from asrfit.memory.optimizers import make_optimizer
-from asrfit.memory.runtime import op_kind, seconds_by_kind, step_seconds
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.steptime.runtime import op_kind, seconds_by_kind, step_seconds
+from asrfit.memory.trace.optimizers import make_optimizer
 from asrfit.profiles.host import host_rates
 from asrfit.train.host_allocator import keep_freed_host_memory
 from bench import _grid

@@ -3,8 +3,8 @@
 Run: ``PYTHONPATH=src .venv/bin/python -m bench step_time_accuracy --out docs/benchmarks.md``
 
 Each case (a tiny model of ``bench/_grid.py``, a setup and a padded batch) is simulated on
-fake tensors (``target="cpu"``), and its :class:`~asrfit.memory.runtime.StepCost` is turned
-into seconds by the roofline of :mod:`asrfit.memory.runtime` on this machine's rates
+fake tensors (``target="cpu"``), and its :class:`~asrfit.memory.steptime.runtime.StepCost` is turned
+into seconds by the roofline of :mod:`asrfit.memory.steptime.runtime` on this machine's rates
 (:func:`asrfit.profiles.host.host_rates`, measured and cached per machine). Each case is
 timed on its own, in a child process forked before any case is simulated, that builds only
 its model (as a training run's process holds one model; children forked after the 74
@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrfit.memory.runtime import step_seconds
+from asrfit.memory.steptime.runtime import step_seconds
 from asrfit.profiles.host import host_rates, stream_bandwidth
 from bench import _grid
 from bench._report import write_section

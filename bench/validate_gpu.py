@@ -10,7 +10,7 @@ Run (on a machine with a CUDA GPU and a CUDA build of torch):
    simulated with ``target="cuda"`` and run for real on the GPU; the second step's
    ``torch.cuda.max_memory_allocated`` is compared with ``StepMemory.peak_bytes`` (live
    storages rounded to 512-byte blocks), and ``max_memory_reserved`` with
-   :func:`asrfit.memory.allocator.predict_cuda`'s reserved figure. The cuBLAS/cuBLASLt
+   :func:`asrfit.memory.cuda.allocator.predict_cuda`'s reserved figure. The cuBLAS/cuBLASLt
    workspaces are allocated once by a warm-up matmul before the first case and measured on
    their own; each case's bytes are counted above what was allocated before its model was
    built, so ``measured`` holds the step's own bytes, as ``peak_bytes`` does.
@@ -98,8 +98,8 @@ def _load() -> None:
 
 def _predict(case: Any) -> tuple[Any, Any]:
     """``(StepMemory, CudaPrediction)`` of ``case`` simulated for this GPU."""
-    from asrfit.memory.adapters import hf_adapter
-    from asrfit.memory.allocator import predict_cuda
+    from asrfit.memory.cuda.allocator import predict_cuda
+    from asrfit.memory.models.adapters import hf_adapter
     from asrfit.memory.simulate import simulate_step
 
     sim = simulate_step(hf_adapter(case.config()), case.batch, case.setup, target="cuda")

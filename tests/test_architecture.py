@@ -32,6 +32,24 @@ LAYERS: dict[str, int] = {
     "asrfit": 8,  # the root package's lazy names: a facade like asrfit.seed
 }
 
+# Inside asrfit.memory, the layer of each subpackage and of each module at its root; a module
+# imports only from its own layer or lower, so the subpackages form a DAG.
+MEMORY_LAYERS: dict[str, int] = {
+    "asrfit.memory.setup": 0,  # a setup: precision, checkpointing, optimizer, ZeRO
+    "asrfit.memory.trace": 1,  # the fake-tensor trace: storages, values, kernels, optimizers
+    "asrfit.memory.steptime": 2,  # op counts of a trace, and their seconds on a device
+    "asrfit.memory.step": 3,  # what a step is and what its simulation returns
+    "asrfit.memory.models": 4,  # the step adapters of each model family
+    "asrfit.memory.cuda": 4,  # the caching allocator, ZeRO / DDP by formula
+    "asrfit.memory.simulate": 5,  # simulate_step
+    "asrfit.memory.fit": 6,  # cost model, full depth from reduced depths
+    "asrfit.memory.custom": 6,  # simulate_model
+    "asrfit.memory.real_step": 6,  # the same step on real tensors
+    "asrfit.memory.cache": 6,  # simulations on disk
+    "asrfit.memory.report": 7,  # simulate, from a model name
+    "asrfit.memory": 8,  # the package's lazy names
+}
+
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(SRC).with_suffix("").parts)
@@ -127,7 +145,7 @@ def test_every_part_has_a_layer():
 def test_the_resolver_sees_each_kind_of_import():
     # Guard the guard: a top-level import, a relative-free from-import of a submodule, a
     # function-level import, and a lazy table entry are all seen.
-    assert "asrfit.memory.tracker" in GRAPH["asrfit.memory.adapters"]
+    assert "asrfit.memory.trace.tracker" in GRAPH["asrfit.memory.models.adapters"]
     assert "asrfit.train.checkpoint" in GRAPH["asrfit.train.trainer"]
     assert "asrfit.train.trainer" in GRAPH["asrfit"]
     assert "asrfit.models.conformer" in GRAPH["asrfit.profiles.registry"]
@@ -141,6 +159,32 @@ def test_no_upward_imports():
         if LAYERS[_part(target)] > LAYERS[_part(module)]
     )
     assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+def _memory_part(module: str) -> str:
+    """The entry of :data:`MEMORY_LAYERS` a module of ``asrfit.memory`` belongs to."""
+    parts = module.split(".")
+    return ".".join(parts[:3])
+
+
+def test_every_memory_part_has_a_layer():
+    unknown = sorted(
+        {_memory_part(m) for m in MODULES if _part(m) == "asrfit.memory"} - set(MEMORY_LAYERS)
+    )
+    assert not unknown, f"give these a layer in MEMORY_LAYERS (and docs/architecture.md): {unknown}"
+
+
+def test_no_upward_imports_inside_memory():
+    upward = sorted(
+        f"{module} (layer {MEMORY_LAYERS[_memory_part(module)]}) imports {target} "
+        f"(layer {MEMORY_LAYERS[_memory_part(target)]})"
+        for module, targets in GRAPH.items()
+        if _part(module) == "asrfit.memory"
+        for target in targets
+        if _part(target) == "asrfit.memory"
+        and MEMORY_LAYERS[_memory_part(target)] > MEMORY_LAYERS[_memory_part(module)]
+    )
+    assert not upward, "imports against asrfit.memory's layer order:\n" + "\n".join(upward)
 
 
 def test_no_module_import_cycle():

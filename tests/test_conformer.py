@@ -22,10 +22,11 @@ from torch.utils._pytree import tree_leaves
 from transformers import AutoConfig, AutoModelForCTC
 
 from asrfit.errors import ConfigError, ShapeError
-from asrfit.memory.adapters import BatchShape, hf_adapter, padded_attention_mask
-from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.models.adapters import hf_adapter, padded_attention_mask
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
+from asrfit.memory.trace.optimizers import make_optimizer
 from asrfit.models.conformer import (
     CONFORMER_SIZES,
     ConformerCTCConfig,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from asrfit.memory.costmodel import (
+from asrfit.memory.fit.costmodel import (
     PeakModel,
     default_fit_shapes,
     fit_from_simulator,
@@ -147,9 +147,10 @@ def test_fit_to_real_simulations_predicts_held_out_shapes() -> None:
     """Fit on five traced shapes of a tiny wav2vec2, check two shapes not in the fit."""
     from transformers import Wav2Vec2Config
 
-    from asrfit.memory.adapters import BatchShape, hf_adapter
+    from asrfit.memory.models.adapters import hf_adapter
     from asrfit.memory.setup import Setup
     from asrfit.memory.simulate import simulate_step
+    from asrfit.memory.step import BatchShape
 
     cfg = Wav2Vec2Config(
         hidden_size=32,

@@ -15,9 +15,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from asrfit.memory import simulate_model
-from asrfit.memory.kernels import device_kernels
-from asrfit.memory.scratch import scratch_rules
 from asrfit.memory.setup import Setup
+from asrfit.memory.trace.kernels import device_kernels
+from asrfit.memory.trace.scratch import scratch_rules
 
 _ORIGINAL_LAYER_NORM = F.layer_norm
 _ORIGINAL_TENSOR_SOFTMAX = torch.Tensor.softmax
@@ -112,7 +112,7 @@ def test_cuda_trace_adds_the_contiguous_copy_at_the_layer_norm() -> None:
 
     # the CPU target measures its own kernels' scratch; compare with a CUDA trace without
     # the rule instead: the difference is the one copy
-    from asrfit.memory import scratch
+    from asrfit.memory.trace import scratch
 
     with_copy = peak("cuda")
     saved = dict(scratch.CUDA_SCRATCH)

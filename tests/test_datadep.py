@@ -11,12 +11,13 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from asrfit.memory import datadep
-from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
-from asrfit.memory.tracker import StorageTracker
-from asrfit.memory.values import fake_with_value
+from asrfit.memory.step import BatchShape
+from asrfit.memory.trace import datadep
+from asrfit.memory.trace.tracker import StorageTracker
+from asrfit.memory.trace.values import fake_with_value
 from tests.test_plan import _tiny_config
 
 
@@ -114,7 +115,7 @@ def _real_mask_alive_after_trace(monkeypatch: pytest.MonkeyPatch) -> bool:
     import gc
     import weakref
 
-    from asrfit.memory import adapters
+    from asrfit.memory.models import adapters
 
     made: list[weakref.ref] = []
     real_mask = adapters.padded_attention_mask

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from asrfit.memory.cuda.zero import shard_breakdown
 from asrfit.memory.setup import Setup
-from asrfit.memory.zero import shard_breakdown
 from asrfit.models.conformer import conformer_config
 from asrfit.models.conformer.modeling import ConformerForCTC
 
@@ -54,7 +54,7 @@ def test_ddp_buckets_hold_every_trainable_gradient_in_every_phase(
 
 
 def test_the_step_time_says_what_it_leaves_out_across_processes() -> None:
-    from asrfit.memory.zero import unmodelled_step_time
+    from asrfit.memory.cuda.zero import unmodelled_step_time
 
     assert unmodelled_step_time(Setup(precision="bf16")) == ""
     assert "all-reduce" in unmodelled_step_time(Setup(precision="bf16", world_size=4))

@@ -1,4 +1,4 @@
-"""Depth scaling (asrfit.memory.depth) against the full trace, on every supported family.
+"""Depth scaling (asrfit.memory.fit.depth) against the full trace, on every supported family.
 
 The reference is :func:`asrfit.memory.simulate.simulate_step` on the whole model; the scaled
 step traces a few layers per repeated stack and extrapolates. Peak, every category, each
@@ -15,13 +15,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from asrfit.memory.adapters import BatchShape  # noqa: E402
-from asrfit.memory.depth import layer_groups, scaled_step  # noqa: E402
-from asrfit.memory.generic import speech_adapter  # noqa: E402
+from asrfit.memory.fit.depth import layer_groups, scaled_step  # noqa: E402
+from asrfit.memory.models.generic import speech_adapter  # noqa: E402
 from asrfit.memory.report import resolve_adapter  # noqa: E402
 from asrfit.memory.setup import Setup  # noqa: E402
 from asrfit.memory.simulate import simulate_step  # noqa: E402
-from asrfit.memory.tracker import round_block  # noqa: E402
+from asrfit.memory.step import BatchShape  # noqa: E402
+from asrfit.memory.trace.tracker import round_block  # noqa: E402
 from asrfit.models.conformer import conformer_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asrfit.memory.kernels import device_kernels
+from asrfit.memory.trace.kernels import device_kernels
 from asrfit.models import dropout as D
 
 

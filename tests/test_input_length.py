@@ -131,7 +131,7 @@ def test_simulate_sizes_the_input_as_the_feature_extractor_does(
 def test_simulate_sizes_an_adapters_input_as_the_feature_extractor_does(
     make_config, extractor, tolerance
 ) -> None:
-    from asrfit.memory.generic import speech_adapter
+    from asrfit.memory.models.generic import speech_adapter
 
     report = simulate(speech_adapter(make_config()), batch_size=BATCH, seconds=SECONDS)
     assert abs(report.batch.input_length - _extractor_length(extractor())) <= tolerance

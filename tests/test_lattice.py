@@ -12,11 +12,11 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from asrfit.memory import lattice  # noqa: E402
-from asrfit.memory.adapters import BatchShape  # noqa: E402
-from asrfit.memory.generic import speech_adapter  # noqa: E402
+from asrfit.memory.models.generic import speech_adapter  # noqa: E402
 from asrfit.memory.setup import Precision, Setup  # noqa: E402
 from asrfit.memory.simulate import simulate_step  # noqa: E402
+from asrfit.memory.step import BatchShape  # noqa: E402
+from asrfit.memory.trace import lattice  # noqa: E402
 
 _ENCODER = dict(
     hidden_size=16,

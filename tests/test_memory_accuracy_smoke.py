@@ -63,7 +63,7 @@ def test_profiler_replay_measures_a_known_allocation_pattern() -> None:
     "name", ["hubert bf16 sgd 1x1s", "whisper fp32+ckpt sgd 1x1s", "wav2vec2 fp32 adamw 1x1s"]
 )
 def test_simulator_matches_a_real_cpu_step(name: str) -> None:
-    from asrfit.memory.adapters import hf_adapter
+    from asrfit.memory.models.adapters import hf_adapter
     from asrfit.memory.simulate import simulate_step
 
     case = _case(name)
@@ -72,7 +72,7 @@ def test_simulator_matches_a_real_cpu_step(name: str) -> None:
     # The real step holds at least its model states (weights, buffers, optimizer state).
     assert real.peak_bytes > real.model_state_bytes > 0
     error = (sim.peak_raw_bytes - real.peak_bytes) / real.peak_bytes
-    # fp32 wav2vec2 is the case whose oneDNN convolution scratch (asrfit.memory.scratch) the
+    # fp32 wav2vec2 is the case whose oneDNN convolution scratch (asrfit.memory.trace.scratch) the
     # trace alone missed by 22 %. The bound is the published one for these grid cases:
     # docs/benchmarks.md, "Memory accuracy of the simulator (CPU)", 30 cases, max 0.28 %.
     assert abs(error) <= 0.0028, (

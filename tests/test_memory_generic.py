@@ -9,10 +9,10 @@ import pytest
 import transformers
 
 from asrfit.errors import UnsupportedModelError
-from asrfit.memory.adapters import BatchShape
-from asrfit.memory.generic import speech_adapter
+from asrfit.memory.models.generic import speech_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 from bench import _truth
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -76,7 +76,7 @@ def test_feature_size_from_a_nested_encoder_config() -> None:
     """LASR keeps ``num_mel_bins`` in its ``encoder_config``: the batch takes it from there."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from asrfit.memory.tracker import StorageTracker
+    from asrfit.memory.trace.tracker import StorageTracker
 
     config = transformers.LasrCTCConfig(
         vocab_size=30,

@@ -12,11 +12,12 @@ import importlib
 import pytest
 import torch
 
-import asrfit.memory.tracker as tracker_module
-from asrfit.memory.adapters import BatchShape, hf_adapter
-from asrfit.memory.scratch import CPU_SCRATCH, scratch_rules
+import asrfit.memory.trace.tracker as tracker_module
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
+from asrfit.memory.trace.scratch import CPU_SCRATCH, scratch_rules
 
 aten = torch.ops.aten
 

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from asrfit.memory import simulate_model
-from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 from bench import _truth
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bitsandbytes as bnb
 import torch
 
-from asrfit.memory.optimizers import AdamW8bitState
+from asrfit.memory.trace.optimizers import AdamW8bitState
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, tuple]]:

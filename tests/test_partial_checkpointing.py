@@ -12,9 +12,10 @@ import torch
 import transformers
 
 from asrfit.errors import ConfigError
-from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 from asrfit.models.checkpointing import (
     checkpoint_first_layers,
     encoder_layer_count,

@@ -3,7 +3,7 @@ CUDA prediction is the peak plus their rounding, never more.
 
 Reference: the peak is the running sum of the event log, which the CPU memory benchmarks
 check against the real allocator; the segment rounding is the closed form of
-``asrfit.memory.allocator.segment_bytes`` (2 MiB small segments, 20 MiB mid segments,
+``asrfit.memory.cuda.allocator.segment_bytes`` (2 MiB small segments, 20 MiB mid segments,
 large blocks rounded to 2 MiB; with expandable segments, each pool's total rounded to its
 2 MiB or 20 MiB pages).
 """
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import transformers
 
-from asrfit.memory.adapters import BatchShape, hf_adapter
-from asrfit.memory.allocator import (
+from asrfit.memory.cuda.allocator import (
     LARGE_ROUND_BYTES,
     MID_BLOCK_MAX_BYTES,
     MID_SEGMENT_BYTES,
@@ -21,7 +20,9 @@ from asrfit.memory.allocator import (
     expandable_segment_bytes,
     segment_bytes,
 )
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 from tests.test_memory_scratch import _bench
 
 KIB, MIB = 1 << 10, 1 << 20

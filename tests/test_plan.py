@@ -10,10 +10,11 @@ import pytest
 from click.testing import CliRunner
 from transformers import Wav2Vec2Config
 
-from asrfit.memory.adapters import BatchShape, hf_adapter
-from asrfit.memory.allocator import EXPANDABLE_PAGES_BOUND_BYTES, predict_cuda
+from asrfit.memory.cuda.allocator import EXPANDABLE_PAGES_BOUND_BYTES, predict_cuda
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 from asrfit.plan.effective_batch import accumulation as _accumulation
 from asrfit.plan.plan import Bucket, Plan
 from asrfit.plan.search import PlanError, plan

@@ -15,8 +15,8 @@ import pytest
 
 from asrfit.data.sampler import MemoryBudgetSampler
 from asrfit.errors import ConfigError
-from asrfit.memory.costmodel import PeakModel, label_slopes, with_label_terms
-from asrfit.memory.runtime import StepCost, step_seconds
+from asrfit.memory.fit.costmodel import PeakModel, label_slopes, with_label_terms
+from asrfit.memory.steptime.runtime import StepCost, step_seconds
 from asrfit.plan.exports import export_plan
 from asrfit.plan.plan import Bucket, Plan
 from asrfit.testing import make_bucket
@@ -208,9 +208,10 @@ def test_planner_splits_a_transducer_by_labels_and_each_limit_holds_in_a_fresh_s
     and not far off). The traced peak in allocator segments is what is checked; reserved
     bytes follow from it by the planner's allocator model (expandable segments), as in the
     plan."""
-    from asrfit.memory.adapters import BatchShape, hf_adapter
-    from asrfit.memory.allocator import predict_cuda
+    from asrfit.memory.cuda.allocator import predict_cuda
+    from asrfit.memory.models.adapters import hf_adapter
     from asrfit.memory.simulate import simulate_step
+    from asrfit.memory.step import BatchShape
     from asrfit.plan.search import plan
     from asrfit.profiles.dataset import DatasetProfile
     from asrfit.profiles.hardware import HardwareProfile

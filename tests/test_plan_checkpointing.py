@@ -11,8 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from asrfit.memory.adapters import hf_adapter
 from asrfit.memory.cache import model_key
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.models.conformer import conformer_config
 from asrfit.plan.checkpointing import choose_layers, encoder_layers_of

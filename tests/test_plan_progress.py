@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from asrfit.memory.adapters import BatchShape
 from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape
 from asrfit.plan import costs as costs_module
 from asrfit.plan.progress import TraceProgress
 from asrfit.plan.search import plan

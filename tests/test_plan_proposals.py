@@ -11,8 +11,9 @@ import re
 import numpy as np
 import pytest
 
-from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape
 from asrfit.models.conformer import conformer_config
 from asrfit.plan.proposals import reserved_by_simulation
 from asrfit.plan.search import PlanError, plan

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from asrfit.memory.adapters import BatchShape, hf_adapter
-from asrfit.memory.allocator import predict_cuda
+from asrfit.memory.cuda.allocator import predict_cuda
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 from asrfit.plan import costs as costs_module
 from asrfit.plan.search import plan
 from asrfit.profiles.dataset import DatasetProfile

@@ -8,7 +8,7 @@ from _frames import frame_units
 from torch import nn
 
 from asrfit.data.sampler import MemoryBudgetSampler
-from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.fit.costmodel import PeakModel
 from asrfit.memory.setup import Setup
 from asrfit.plan.plan import Plan
 from asrfit.profiles.calibration import (

@@ -1,7 +1,7 @@
 """The step-time model against closed-form FLOP and byte counts (never against timings).
 
-Counts come from :class:`asrfit.memory.runtime.OpCounter` on real and fake tensors; the
-roofline arithmetic of :func:`asrfit.memory.runtime.step_seconds` is checked on made-up
+Counts come from :class:`asrfit.memory.steptime.runtime.OpCounter` on real and fake tensors; the
+roofline arithmetic of :func:`asrfit.memory.steptime.runtime.step_seconds` is checked on made-up
 device rates, where each op's time has a closed form.
 """
 
@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from asrfit.errors import ConfigError
-from asrfit.memory.adapters import BatchShape, StepAdapter
-from asrfit.memory.runtime import OpCounter, StepCost, kernel_counts, op_kind, step_seconds
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape, StepAdapter
+from asrfit.memory.steptime.runtime import OpCounter, StepCost, kernel_counts, op_kind, step_seconds
 from asrfit.profiles import host
 from asrfit.profiles.gpus.catalog import find_gpu
 from asrfit.profiles.host_kernels import KernelCount
@@ -303,7 +303,7 @@ def test_loader_rate_is_audio_over_decode_plus_features(tmp_path) -> None:  # no
 
 
 def test_planner_step_time_fit_reproduces_the_roofline_at_traced_shapes() -> None:
-    from asrfit.memory.costmodel import fit_peak_model  # noqa: F401  (the fit used inside)
+    from asrfit.memory.fit.costmodel import fit_peak_model  # noqa: F401  (the fit used inside)
     from asrfit.plan.costs import SetupCosts
     from asrfit.plan.speed import predict_step_seconds
 
@@ -346,7 +346,7 @@ def test_traced_step_runs_as_many_kernels_as_the_real_step(arch: str, one_thread
     """Forward and backward kernel counts of the fake-tensor trace equal those of the real
     step, counted op by op on real tensors (queries such as ``prim::device``, which a fake
     tensor answers through the dispatcher, are not kernels)."""
-    from asrfit.memory.adapters import hf_adapter
+    from asrfit.memory.models.adapters import hf_adapter
     from bench import _grid
 
     case = _grid.Case(arch, "fp32", False, "sgd", 2, 1.0, 6)

@@ -1,7 +1,7 @@
 """Layout copies in the step-time trace, checked against the copies a real call makes.
 
 Layer norm, softmax and convolution copy a non-contiguous input into a contiguous one
-inside their kernels, below the dispatcher; :class:`asrfit.memory.runtime.OpCounter` adds
+inside their kernels, below the dispatcher; :class:`asrfit.memory.steptime.runtime.OpCounter` adds
 a ``layout`` row for each. The reference is the profiler's ``aten::copy_`` events of the
 same call on real tensors (the kernel's own ``.contiguous()``), not the counter's rules.
 """
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from asrfit.memory.roofline import StepCost, step_seconds
-from asrfit.memory.runtime import OpCounter
+from asrfit.memory.steptime.roofline import StepCost, step_seconds
+from asrfit.memory.steptime.runtime import OpCounter
 from asrfit.profiles.rates import DeviceRates
 
 

@@ -15,7 +15,7 @@ from asrfit.data.constraint import BytesConstraint
 from asrfit.data.hf_loader import hf_train_dataloader
 from asrfit.data.sampler import MemoryBudgetSampler
 from asrfit.errors import ConfigError
-from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.fit.costmodel import PeakModel
 from asrfit.memory.setup import Setup
 from asrfit.plan.plan import Plan
 from asrfit.testing import plans

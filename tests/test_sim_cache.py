@@ -16,10 +16,10 @@ from torch import nn
 from transformers import Wav2Vec2Config
 
 from asrfit.memory import cache
-from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.cache import model_key
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.memory.step import BatchShape, StepAdapter
 
 SHAPE = BatchShape(2, 64, 3)
 
@@ -116,7 +116,7 @@ def test_source_of_the_traced_code_changes_the_key(
         shutil.copytree(package / name, copy / name)
     # the copy hashes like the installed tree; one edited byte in a traced module changes it
     assert cache.tree_fingerprint(copy) == cache.source_fingerprint()
-    target = copy / "memory" / "datadep.py"
+    target = copy / "memory" / "trace" / "datadep.py"
     target.write_text(target.read_text() + "\n# edited\n")
     edited = cache.tree_fingerprint(copy)
     assert edited != cache.source_fingerprint()

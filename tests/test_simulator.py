@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from asrfit.errors import ShapeError, UnsupportedModelError
-from asrfit.memory.adapters import BatchShape, StepAdapter, hf_adapter
-from asrfit.memory.optimizers import BNB_BLOCK
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape, StepAdapter
+from asrfit.memory.trace.optimizers import BNB_BLOCK
 
 B, D, H, OUT = 4, 256, 512, 128
 W1_BYTES, W2_BYTES, BIAS_BYTES = H * D * 4, OUT * H * 4, OUT * 4
@@ -145,7 +146,7 @@ def test_known_mask_gives_exact_masked_select_size() -> None:
     def make_inputs(shape: BatchShape, tracker: object) -> dict[str, torch.Tensor]:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        from asrfit.memory.adapters import fake_with_value
+        from asrfit.memory.models.adapters import fake_with_value
 
         with unset_fake_temporarily():
             real = torch.tensor([1, 0, 0, 1, 0, 1, 0, 0], dtype=torch.bool)
@@ -232,8 +233,8 @@ def test_device_queries_answered_in_the_outermost_mode_trace_the_same_step(
     the same trace twice (the spans are drawn with a fixed seed)."""
     import transformers
 
-    from asrfit.memory import tracker as tracker_module
-    from asrfit.memory import values
+    from asrfit.memory.trace import tracker as tracker_module
+    from asrfit.memory.trace import values
 
     cfg = transformers.Wav2Vec2Config(
         vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -339,7 +340,7 @@ def _tied_adapter() -> StepAdapter:
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_tied_weights_gradient_is_one_storage_in_the_breakdown(optimizer: str) -> None:
-    # its two contributions are summed in place (asrfit.memory.engine): one storage, which is
+    # its two contributions are summed in place (asrfit.memory.trace.engine): one storage, which is
     # the gradient; the breakdown must neither go negative nor count it twice
     r = simulate_step(
         _tied_adapter(), BatchShape(8, 32, 1), Setup(optimizer=optimizer), target="cpu"

@@ -17,10 +17,10 @@ import transformers
 from torch import nn
 
 from asrfit.memory import simulate_model
-from asrfit.memory.adapters import BatchShape
-from asrfit.memory.generic import speech_adapter
+from asrfit.memory.models.generic import speech_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 from bench import _truth
 
 pytestmark = pytest.mark.usefixtures("one_thread")

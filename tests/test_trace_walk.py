@@ -10,11 +10,13 @@ import torch
 from torch.utils._pytree import tree_flatten
 from transformers import WhisperConfig
 
-from asrfit.memory import runtime, tracker
-from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
-from asrfit.memory.values import tensors_in
+from asrfit.memory.step import BatchShape
+from asrfit.memory.steptime import runtime
+from asrfit.memory.trace import tracker
+from asrfit.memory.trace.values import tensors_in
 from tests.test_plan import _tiny_config
 
 

@@ -156,9 +156,9 @@ def test_a_bundled_name_warm_imports_no_transformers(tmp_path: Path) -> None:
 def test_deferred_adapter_traces_like_the_eager_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asrfit.memory.adapters import BatchShape, DeferredAdapter
-    from asrfit.memory.generic import speech_adapter
+    from asrfit.memory.models.generic import speech_adapter
     from asrfit.memory.simulate import simulate_step
+    from asrfit.memory.step import BatchShape, DeferredAdapter
     from asrfit.profiles.model import load_config
 
     monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path))

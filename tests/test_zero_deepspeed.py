@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
+from asrfit.memory.cuda.zero import shard_breakdown
 from asrfit.memory.setup import Setup
-from asrfit.memory.zero import shard_breakdown
 from asrfit.plan.exports import export_plan
 from tests.test_exports import example_plan
 
@@ -135,7 +135,7 @@ OFFLOAD_CASES = [
 def test_offloaded_host_memory_per_node_matches_deepspeed_estimates(
     params, per_node, nodes, stage, offload_params
 ):
-    from asrfit.memory.zero import offloaded_bytes
+    from asrfit.memory.cuda.zero import offloaded_bytes
     from asrfit.plan.data_side import offload_host_bytes
 
     world = per_node * nodes

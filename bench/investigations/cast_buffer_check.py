@@ -26,9 +26,9 @@ import gc
 
 import torch
 
-from asrfit.memory.generic import speech_adapter
-from asrfit.memory.optimizers import make_optimizer
+from asrfit.memory.models.generic import speech_adapter
 from asrfit.memory.real_step import build_model
+from asrfit.memory.trace.optimizers import make_optimizer
 from bench import _truth
 from bench.cases import case_set
 

@@ -14,7 +14,7 @@ the host (a real ``nonzero``); now it counts them. The step is the tiny wav2vec2
 
 Run: ``PYTHONPATH=src python -m bench investigations.datadep_speed [--batch 600] [--baseline-src DIR]``, where
 DIR holds an older ``asrfit`` package (``git archive <commit> src | tar -x -C /tmp/base``, then
-``/tmp/base/src``) whose ``memory/datadep.py`` handlers are swapped in for the second run.
+``/tmp/base/src``) whose ``memory/trace/datadep.py`` handlers are swapped in for the second run.
 Each run is a fresh process; the peaks must be equal.
 """
 
@@ -28,8 +28,9 @@ from pathlib import Path
 
 RUN = """
 import importlib.util, json, resource, sys, time
-from asrfit.memory import tracker
-from asrfit.memory.adapters import BatchShape, hf_adapter
+from asrfit.memory.trace import tracker
+from asrfit.memory.models.adapters import hf_adapter
+from asrfit.memory.step import BatchShape
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
 from tests.test_plan import _tiny_config

@@ -11,7 +11,7 @@ checks the equality.
 Every ``tensor.device`` of a fake tensor is a ``prim.device`` op that travels down the whole
 dispatch-mode stack of a trace (asrfit's op counter, composite and accumulation watchers,
 storage tracker, then ``FakeTensorMode``). asrfit's modes now answer it themselves, as
-``FakeTensor`` does (``asrfit.memory.values.device_query``). This bench traces the same step
+``FakeTensor`` does (``asrfit.memory.trace.values.device_query``). This bench traces the same step
 with the shortcut on and off, alternating in one process (so that load hits both alike), and
 checks that the two steps are the same (peak, phase peaks, categories, FLOPs, kernel rows).
 
@@ -26,12 +26,12 @@ import logging
 import statistics
 import time
 
-from asrfit.memory import tracker as tracker_module
-from asrfit.memory import values
-from asrfit.memory.adapters import BatchShape
 from asrfit.memory.report import resolve_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.memory.step import BatchShape
+from asrfit.memory.trace import tracker as tracker_module
+from asrfit.memory.trace import values
 
 # one step each, as the planner traces them: a long batch, mixed precision, AdamW
 CASES = {

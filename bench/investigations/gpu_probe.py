@@ -39,7 +39,7 @@ import torch
 
 
 def _model(case: object) -> tuple:
-    from asrfit.memory.optimizers import make_optimizer
+    from asrfit.memory.trace.optimizers import make_optimizer
     from bench import _grid
 
     model = _grid.build_real_model(case, "cuda")

@@ -11,7 +11,7 @@ tiny model.
 Run: ``python -m bench investigations.lattice_sampling`` (about 3 minutes on 2 cores). For Parakeet-TDT-0.6B
 (the bundled config, fake tensors) at three shapes that no test uses, one step is traced
 with every anti-diagonal of the loss's lattice (``sample_lattice=False``) and with a few
-representative ones (:mod:`asrfit.memory.lattice`); prints the peaks, whether every phase's
+representative ones (:mod:`asrfit.memory.trace.lattice`); prints the peaks, whether every phase's
 peak is equal, the kernel rows the step-time model prices, and the CPU time of each trace.
 """
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 import time
 
-from asrfit.memory.adapters import BatchShape
 from asrfit.memory.report import resolve_adapter
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 
 CASES = [
     (BatchShape(2, 500, 40), Setup(precision=Precision.BF16, optimizer=OptimizerKind.SGD)),

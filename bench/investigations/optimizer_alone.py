@@ -29,11 +29,11 @@ import argparse
 import logging
 import time
 
-from asrfit.memory.adapters import BatchShape
-from asrfit.memory.depth import scaled_step
+from asrfit.memory.fit.depth import scaled_step
 from asrfit.memory.report import resolve_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.memory.step import BatchShape
 from asrfit.plan.costs import DEPTH_WORTH
 
 # (precision, input length of about 1 s as the planner's tiny shape: samples, or mel frames;

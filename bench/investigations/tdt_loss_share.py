@@ -22,10 +22,10 @@ import warnings
 
 import transformers.loss.loss_tdt as loss_tdt
 
-from asrfit.memory.adapters import BatchShape
 from asrfit.memory.report import resolve_adapter
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape
 
 CASES = [
     (BatchShape(8, 1225, 47), Setup(precision=Precision.BF16, optimizer=OptimizerKind.SGD)),

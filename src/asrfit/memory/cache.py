@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from asrfit.errors import ConfigError
-from asrfit.memory.roofline import RUNTIME_VERSION
 from asrfit.memory.setup import Setup
 from asrfit.memory.step import BatchShape, StepMemory
+from asrfit.memory.steptime.roofline import RUNTIME_VERSION
 from asrfit.utils.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-CPU_SCRATCH_RULES_VERSION = 2  # bump when asrfit.memory.scratch / cpu_kernels change
+CPU_SCRATCH_RULES_VERSION = 2  # bump when asrfit.memory.trace.scratch / cpu_kernels change
 
 
 # Packages whose source decides a simulation's result (relative to the asrfit package).
@@ -112,7 +112,7 @@ def cache_key(
         "setup": setup.to_dict(),
         "target": target,
         "steps": steps,
-        "op_costs": RUNTIME_VERSION,  # StepMemory.cost (asrfit.memory.runtime)
+        "op_costs": RUNTIME_VERSION,  # StepMemory.cost (asrfit.memory.steptime.runtime)
         "versions": _versions(),
         "source": source_fingerprint(),
     }
@@ -124,7 +124,7 @@ def cache_key(
         import torch  # a CPU target's traces depend on this CPU and its threads
 
         inputs["cpu_scratch"] = CPU_SCRATCH_RULES_VERSION  # CPU traces add kernel scratch
-        # measured on this CPU (asrfit.memory.cpu_kernels), with this many threads
+        # measured on this CPU (asrfit.memory.trace.cpu_kernels), with this many threads
         inputs["cpu"] = [torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()]
     payload = json.dumps(inputs, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]

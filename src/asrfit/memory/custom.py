@@ -32,11 +32,11 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
-from asrfit.memory.tracker import StorageTracker
-from asrfit.memory.values import fake_with_value
+from asrfit.memory.step import BatchShape, StepAdapter
+from asrfit.memory.trace.tracker import StorageTracker
+from asrfit.memory.trace.values import fake_with_value
 
 # Float tensors up to this many elements keep their real values in the trace.
 _SMALL_VALUE_NUMEL = 4096

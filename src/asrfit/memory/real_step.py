@@ -39,7 +39,7 @@ def real_inputs(adapter: StepAdapter, batch: BatchShape, setup: Setup, device: s
     same integer values (labels, lengths, masks), float inputs as seeded standard noise."""
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-    from asrfit.memory.tracker import StorageTracker
+    from asrfit.memory.trace.tracker import StorageTracker
 
     tracker = StorageTracker()
     with FakeTensorMode(), default_dtype(float_dtype(setup)):
@@ -72,9 +72,9 @@ def make_step(
     adapter: StepAdapter, model: nn.Module, setup: Setup, device: str
 ) -> Callable[[dict], None]:
     """A plain training step of ``model``: forward under autocast, backward, optimizer step,
-    gradients set to None (the optimizer is :func:`asrfit.memory.optimizers.make_optimizer`
+    gradients set to None (the optimizer is :func:`asrfit.memory.trace.optimizers.make_optimizer`
     of ``setup``)."""
-    from asrfit.memory.optimizers import make_optimizer
+    from asrfit.memory.trace.optimizers import make_optimizer
 
     optimizer = make_optimizer(setup, [p for p in model.parameters() if p.requires_grad])
 

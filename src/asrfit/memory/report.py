@@ -3,8 +3,8 @@
 This is the call the CLI and the planner make. It resolves the model (bundled config, Hub
 id or local path; config only), turns seconds into the model's input length, traces the
 step (:func:`asrfit.memory.simulate.simulate_step`), shards model states for ZeRO/DDP
-(:mod:`asrfit.memory.zero`) and predicts CUDA allocated/reserved bytes
-(:mod:`asrfit.memory.allocator`).
+(:mod:`asrfit.memory.cuda.zero`) and predicts CUDA allocated/reserved bytes
+(:mod:`asrfit.memory.cuda.allocator`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asrfit.errors import UnsupportedModelError
-from asrfit.memory.allocator import CudaPrediction, predict_cuda
-from asrfit.memory.roofline import seconds_by_kind, step_seconds
+from asrfit.memory.cuda.allocator import CudaPrediction, predict_cuda
+from asrfit.memory.cuda.zero import shard_breakdown, unmodelled_step_time
 from asrfit.memory.setup import Setup
 from asrfit.memory.step import (
     SUPPORTED_FAMILIES,
@@ -24,7 +24,7 @@ from asrfit.memory.step import (
     StepAdapter,
     StepMemory,
 )
-from asrfit.memory.zero import shard_breakdown, unmodelled_step_time
+from asrfit.memory.steptime.roofline import seconds_by_kind, step_seconds
 from asrfit.profiles.calibration import find_calibration
 from asrfit.profiles.host import device_rates, host_rates
 from asrfit.utils.serialization import JsonDataclass
@@ -51,7 +51,7 @@ class MemoryReport(JsonDataclass):
         notes: What the prediction rests on.
         step_seconds: Predicted seconds of one optimizer step of this shape on the GPU
             (``gpu="cpu"``: this machine's CPU), from the per-op roofline of
-            :mod:`asrfit.memory.roofline`; None without a device.
+            :mod:`asrfit.memory.steptime.roofline`; None without a device.
         audio_seconds_per_second: Padded audio seconds trained per wall second
             (``batch_size x audio_seconds / step_seconds``), or None.
         step_seconds_by_kind: The predicted step split by op kind (matmul, conv, ...).
@@ -134,7 +134,7 @@ def resolve_adapter(model: Any, *, freeze_feature_encoder: bool = True) -> tuple
     name = model if isinstance(model, str) else profile.name
 
     def make() -> StepAdapter:
-        from asrfit.memory.generic import speech_adapter  # imports torch: at the first trace
+        from asrfit.memory.models.generic import speech_adapter  # imports torch: at the first trace
 
         return speech_adapter(config(), freeze_feature_encoder=freeze_feature_encoder, name=name)
 

@@ -7,8 +7,8 @@ The peak and the live storages at that instant come from the tracker's event log
 
 What the trace measures is the *traced* peak: every storage the step keeps alive, at
 its exact byte size, in the order the real model code creates and frees them, on CPU
-kernels. :mod:`asrfit.memory.allocator` turns it into CUDA ``allocated``/``reserved``
-predictions, and :mod:`asrfit.memory.zero` shards model states for ZeRO.
+kernels. :mod:`asrfit.memory.cuda.allocator` turns it into CUDA ``allocated``/``reserved``
+predictions, and :mod:`asrfit.memory.cuda.zero` shards model states for ZeRO.
 """
 
 from __future__ import annotations
@@ -24,17 +24,21 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from asrfit.memory.adapters import BatchShape, StepAdapter
-from asrfit.memory.allocator import segment_overhead_bytes
-from asrfit.memory.engine import plain_accumulation, plain_composites
-from asrfit.memory.kernels import device_kernels
-from asrfit.memory.lattice import sample_transducer_loop
-from asrfit.memory.optimizers import make_optimizer
-from asrfit.memory.runtime import OpCounter
-from asrfit.memory.scratch import scratch_rules
+from asrfit.memory.cuda.allocator import segment_overhead_bytes
 from asrfit.memory.setup import Precision, Setup
-from asrfit.memory.step import CATEGORIES, StepMemory  # noqa: F401  (re-exported)
-from asrfit.memory.tracker import Block, StorageTracker, round_block
+from asrfit.memory.step import (  # noqa: F401  (StepMemory re-exported)
+    CATEGORIES,
+    BatchShape,
+    StepAdapter,
+    StepMemory,
+)
+from asrfit.memory.steptime.runtime import OpCounter
+from asrfit.memory.trace.engine import plain_accumulation, plain_composites
+from asrfit.memory.trace.kernels import device_kernels
+from asrfit.memory.trace.lattice import sample_transducer_loop
+from asrfit.memory.trace.optimizers import make_optimizer
+from asrfit.memory.trace.scratch import scratch_rules
+from asrfit.memory.trace.tracker import Block, StorageTracker, round_block
 from asrfit.models.checkpointing import checkpoint_first_layers
 
 
@@ -79,7 +83,7 @@ def _analyse(
                 best = (live_rounded, i)
     peak, at = best
     breakdown, sizes = _live_at(tracker, at)
-    if detail is not None:  # the same at each phase@region's peak (asrfit.memory.depth)
+    if detail is not None:  # the same at each phase@region's peak (asrfit.memory.fit.depth)
         at_block = blocks[tracker.log.events[at][0]]
         detail.update(
             regions={w: (region_peaks[w], *_live_at(tracker, i)) for w, i in region_at.items()},
@@ -106,7 +110,7 @@ def _live_at(tracker: StorageTracker, at: int) -> tuple[dict[str, int], list[int
     """Bytes by category and the rounded block sizes live just after event ``at``."""
     blocks = tracker.log.blocks
     # Count each block's events up to the instant exactly as the running sum of _analyse does
-    # (the in-place accumulation rewrite of asrfit.memory.engine may move a free before its
+    # (the in-place accumulation rewrite of asrfit.memory.trace.engine may move a free before its
     # block's allocation), so that the breakdown adds up to the live bytes.
     # A rewrite's two blocks are one storage (TraceLog.merged): counted together, in the
     # category of what the storage became (a tied weight's first gradient contribution is the
@@ -247,23 +251,23 @@ def simulate_step(
 
     Args:
         adapter: How to build the model, make a batch and compute the loss
-            (see :func:`asrfit.memory.adapters.hf_adapter` and :func:`asrfit.memory.simulate_model`).
+            (see :func:`asrfit.memory.models.adapters.hf_adapter` and :func:`asrfit.memory.simulate_model`).
         batch: Padded batch shape.
         setup: Precision, checkpointing, optimizer (default: fp32 AdamW).
         target: Device whose kernel choices to follow: "cuda" (Default) runs attention
             through the CUDA flash/memory-efficient kernels' shapes; "cpu" runs the CPU kernels
             as they are and adds oneDNN convolution scratch (for checking against a real CPU
-            run). See :mod:`asrfit.memory.kernels` and :mod:`asrfit.memory.scratch`.
+            run). See :mod:`asrfit.memory.trace.kernels` and :mod:`asrfit.memory.trace.scratch`.
         steps: Steps to trace (Default: 2; the second is the steady state).
         prune: Called with the built model and the tracker before tracing (e.g. to drop
-            repeated layers and label regions, :mod:`asrfit.memory.depth`); None leaves the
+            repeated layers and label regions, :mod:`asrfit.memory.fit.depth`); None leaves the
             model as built.
         detail: When given, filled with ``regions`` (per ``phase@region`` of the last step:
             its peak, the breakdown there and the rounded sizes of the blocks live there,
             whose segment overhead ``peak_segment_bytes`` adds to the peak) and
             ``peak_region`` (the region of the peak).
         sample_lattice: Trace a TDT loss's loop over its lattice at a few representative
-            diagonals (:mod:`asrfit.memory.lattice`); False traces every diagonal.
+            diagonals (:mod:`asrfit.memory.trace.lattice`); False traces every diagonal.
         optimizer_step: False skips the optimizer step (the gradients are dropped after the
             backward pass), for callers that read only the forward and backward phases.
         forward_backward: False skips the inputs, forward and backward: each trainable

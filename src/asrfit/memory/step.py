@@ -3,7 +3,7 @@
 :class:`BatchShape` and :class:`StepAdapter` say what step to trace; :class:`StepMemory`
 is what :func:`asrfit.memory.simulate.simulate_step` returns and the simulation cache
 stores. Nothing here imports torch: a plan whose simulations are all cached reads them,
-and times their kernels (:mod:`asrfit.memory.roofline`), in a process that never imports it
+and times their kernels (:mod:`asrfit.memory.steptime.roofline`), in a process that never imports it
 (about 1.3 s of CPU on a 2-core machine).
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asrfit.errors import ShapeError
-from asrfit.memory.roofline import StepCost
 from asrfit.memory.setup import Setup
+from asrfit.memory.steptime.roofline import StepCost
 from asrfit.profiles.registry import FAMILIES
 from asrfit.utils.serialization import JsonDataclass
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from asrfit.memory.tracker import StorageTracker
+    from asrfit.memory.trace.tracker import StorageTracker
 
 # every family the registry knows, except hand-written "custom" models (simulate_model)
 SUPPORTED_FAMILIES = tuple(f for f in FAMILIES if f != "custom")
@@ -59,7 +59,7 @@ class StepAdapter:
         supports_checkpointing: Whether ``gradient_checkpointing_enable`` exists.
         output_frames: ``input_length -> encoder frames`` (for CTC shape checks), or None.
         config: The config ``build`` reads at each call, or None: depth scaling builds at
-            reduced depth by lowering its layer counts for a build (:mod:`asrfit.memory.depth`).
+            reduced depth by lowering its layer counts for a build (:mod:`asrfit.memory.fit.depth`).
     """
 
     name: str
@@ -134,7 +134,7 @@ class StepMemory(JsonDataclass):
         largest_transient_bytes: Largest kernel workspace accounted inside one op.
         peak_segment_bytes: CUDA allocator segment bytes at the peak: ``peak_bytes`` plus what
             the segments holding the blocks live there take beyond them
-            (:func:`asrfit.memory.allocator.segment_overhead_bytes`), classic segments.
+            (:func:`asrfit.memory.cuda.allocator.segment_overhead_bytes`), classic segments.
         peak_expandable_bytes: The same with ``expandable_segments:True``, where only each
             pool's total is rounded to its pages (0 where not counted).
         phase_peaks_bytes: Rounded peak of each phase of the last step (forward, backward,
@@ -145,9 +145,9 @@ class StepMemory(JsonDataclass):
         assumptions: Pessimistic rules used where values were unknowable.
         trace_seconds: Wall time of the simulation.
         cost: FLOPs and bytes of every kernel of the last step (forward, backward, optimizer
-            step, zero_grad), for the step-time model (:mod:`asrfit.memory.roofline`).
+            step, zero_grad), for the step-time model (:mod:`asrfit.memory.steptime.roofline`).
         traced_calls: Kernel calls the trace of the last step made; fewer than ``cost``
-            counts where one traced call stands for many (:mod:`asrfit.memory.lattice`).
+            counts where one traced call stands for many (:mod:`asrfit.memory.trace.lattice`).
     """
 
     model: str
@@ -190,6 +190,6 @@ class StepMemory(JsonDataclass):
         wav2vec2-base's bucket limits on a T4 were up to 1.2 % over the usable memory by fresh
         simulations (197 MiB at a 12.7 GiB peak, :mod:`asrfit.plan.costs`). Expandable
         segments' overhead is bounded instead
-        (:func:`asrfit.memory.allocator.reserved_of_fitted_peak`).
+        (:func:`asrfit.memory.cuda.allocator.reserved_of_fitted_peak`).
         """
         return self.segment_bytes(expandable) - self.peak_bytes

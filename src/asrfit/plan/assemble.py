@@ -120,7 +120,7 @@ def assemble_plan(
     lps = inputs.labels_per_second
     rests_on = [
         f"memory: fake-tensor simulations of {inputs.adapter.name} (cached per setup); "
-        f"{fit_words(best.costs.memory)}; reserved = allocator model (asrfit.memory.allocator)",
+        f"{fit_words(best.costs.memory)}; reserved = allocator model (asrfit.memory.cuda.allocator)",
         speed_line(best.costs, device_rates(hardware)),
         f"labels: {lps:.1f} per second (95th percentile of the dataset's transcripts)",
         inputs.margin_reason,
@@ -133,7 +133,7 @@ def assemble_plan(
             "labels (asrfit.plan.label_buckets)"
         )
     if setup.zero_stage or world > 1:
-        rests_on.append("ZeRO / DDP model states by formula (asrfit.memory.zero)")
+        rests_on.append("ZeRO / DDP model states by formula (asrfit.memory.cuda.zero)")
     target = (
         f"{target_hours:g} hours"
         if target_hours is not None

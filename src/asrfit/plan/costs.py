@@ -13,7 +13,7 @@ Cost per setup, from traces of **one** step (half the work of two):
 Reserved memory counts allocator segments: classic segments' rounding is fitted with each
 traced peak; expandable segments' pages (less than 22 MiB) are added as a bound. The steady
 peak of a batch is the larger of the two phases. ZeRO and DDP change model states by formula
-(:func:`asrfit.memory.zero.shard_breakdown`).
+(:func:`asrfit.memory.cuda.zero.shard_breakdown`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from asrfit.memory.allocator import peak_within, reserved_of_fitted_peak
 from asrfit.memory.cache import cache_key, cached, is_cached
-from asrfit.memory.costmodel import PeakModel, fit_peak_model
-from asrfit.memory.roofline import StepCost
+from asrfit.memory.cuda.allocator import peak_within, reserved_of_fitted_peak
+from asrfit.memory.cuda.zero import gradient_bytes, offloaded_bytes, shard_breakdown
+from asrfit.memory.fit.costmodel import PeakModel, fit_peak_model
 from asrfit.memory.setup import OptimizerKind, Setup
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory
-from asrfit.memory.zero import gradient_bytes, offloaded_bytes, shard_breakdown
+from asrfit.memory.steptime.roofline import StepCost
 from asrfit.plan.parallel import map_forked, trace_workers
 
 #: A simulation as :meth:`CostEstimator._simulate` asks for it:
@@ -48,8 +48,8 @@ def simulate_step(*args: Any, **kwargs: Any) -> StepMemory:
 
 
 def scaled_step(*args: Any, **kwargs: Any) -> StepMemory:
-    """:func:`asrfit.memory.depth.scaled_step`."""
-    from asrfit.memory.depth import scaled_step as trace
+    """:func:`asrfit.memory.fit.depth.scaled_step`."""
+    from asrfit.memory.fit.depth import scaled_step as trace
 
     return trace(*args, **kwargs)
 
@@ -83,7 +83,7 @@ class SetupCosts:
         return peak - self.model_state_bytes + self.sharded_state_bytes
 
     def reserved_bytes(self, batch_size: int, input_length: int, label_length: int) -> int:
-        """Predicted ``max_memory_reserved`` per device (see :mod:`asrfit.memory.allocator`)."""
+        """Predicted ``max_memory_reserved`` per device (see :mod:`asrfit.memory.cuda.allocator`)."""
         peak = int(self.traced_peak(batch_size, input_length, label_length))
         arch, expandable = self.architecture, self.expandable_segments
         return reserved_of_fitted_peak(peak, architecture=arch, expandable_segments=expandable)
@@ -162,7 +162,7 @@ _NEAR_BUDGET = 0.4  # points above this share of the budget decide the final fit
 CAP_MARGIN = 2
 
 
-DEPTH_SCALING = True  # trace repeated layers at reduced depth (asrfit.memory.depth)
+DEPTH_SCALING = True  # trace repeated layers at reduced depth (asrfit.memory.fit.depth)
 # ... when the model has at least this many times the layers of the reduced traces together
 # (bench/plan_speed.py: slower than the full trace for 12-layer wav2vec2-base and 12+12-layer
 # whisper-small, faster for 48-layer XLS-R-1B)
@@ -196,7 +196,7 @@ class CostEstimator:
         self.simulations = 0
         self.depth_scaling = DEPTH_SCALING
         # the run's allocator: what the fits count of a trace's segments, and what its costs'
-        # reserved figure adds (asrfit.memory.allocator.reserved_of_fitted_peak)
+        # reserved figure adds (asrfit.memory.cuda.allocator.reserved_of_fitted_peak)
         self.expandable_segments = True
         self._memo: dict[str, StepMemory] = {}  # this run's traces, also with the cache off
         self._ready: dict[str, StepMemory] = {}  # traced by prefetch's workers, not yet asked for
@@ -274,11 +274,11 @@ class CostEstimator:
             # built it yet) and warms the fake-tensor caches: here, once, for workers to share
             key = next(iter(todo))
             self._ready[key] = self.trace(*todo.pop(key))
-        from asrfit.memory.depth import learn_whole_cheaper, whole_cheaper
+        from asrfit.memory.fit.depth import learn_whole_cheaper, whole_cheaper
 
         def job(request: Request) -> tuple[StepMemory, list]:
             # with what the trace taught this process about tracing the setup whole
-            # (asrfit.memory.depth), so that the planner's later traces follow it too
+            # (asrfit.memory.fit.depth), so that the planner's later traces follow it too
             return self.trace(*request), whole_cheaper(self.adapter)
 
         def save(result: tuple[StepMemory, list], path: Path) -> None:
@@ -358,7 +358,7 @@ class CostEstimator:
 
     def _overhead(self, step: StepMemory) -> int:
         """Classic segments' rounding at a traced peak, fitted; expandable segments' pages step
-        by 20 MiB, noise to a linear fit: :func:`~asrfit.memory.allocator.reserved_of_fitted_peak`."""
+        by 20 MiB, noise to a linear fit: :func:`~asrfit.memory.cuda.allocator.reserved_of_fitted_peak`."""
         return 0 if self.expandable_segments else step.segment_overhead_bytes(False)
 
     def _shape(self, batch_size: int, input_length: int, labels_per_step: float) -> BatchShape:

@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from asrfit.errors import ConfigError
+from asrfit.memory.cuda.zero import PREFETCH_BUCKET_ELEMENTS, REDUCE_BUCKET_ELEMENTS
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
-from asrfit.memory.zero import PREFETCH_BUCKET_ELEMENTS, REDUCE_BUCKET_ELEMENTS
 from asrfit.plan.exports_bucketed import (
     GRADIENT_CLIP_NORM,
     LHOTSE_DEFAULT_BUCKET_BUFFER,

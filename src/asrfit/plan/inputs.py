@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from asrfit.errors import ConfigError
-from asrfit.memory.allocator import CUDA_CONTEXT_BYTES
+from asrfit.memory.cuda.allocator import CUDA_CONTEXT_BYTES
 from asrfit.memory.report import resolve_adapter
 from asrfit.memory.step import SUPPORTED_FAMILIES
 from asrfit.plan.effective_batch import CHARS_PER_SUBWORD, chars_per_second
@@ -33,7 +33,7 @@ class PlanInputs:
     """The request as the search uses it.
 
     Attributes:
-        adapter: The model's step adapter (:mod:`asrfit.memory.adapters`).
+        adapter: The model's step adapter (:mod:`asrfit.memory.models.adapters`).
         profile: Its ``ModelProfile``.
         world: Processes over all nodes.
         frames_per_second: Model input frames (or samples) per audio second.

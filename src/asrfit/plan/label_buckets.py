@@ -10,8 +10,8 @@ larger batch (NeMo's 2-D bucketing for Canary; its OOMptimizer sizes each bin).
    labels grow with their length (``U = r T``), where label and length columns cannot be
    told apart. Two more traces, at a quarter of the labels of the fit's two largest traced
    batches (near the budget, where the planner decides), measure the slopes (:meth:`asrfit.plan.costs.CostEstimator.label_pairs`,
-   :func:`asrfit.memory.costmodel.label_slopes`); the fits keep their values on the line and
-   move off it by those slopes (:func:`asrfit.memory.costmodel.with_label_terms`). A peak
+   :func:`asrfit.memory.fit.costmodel.label_slopes`); the fits keep their values on the line and
+   move off it by those slopes (:func:`asrfit.memory.fit.costmodel.with_label_terms`). A peak
    that is the larger of two phases is convex in ``U``, so the chord between the two traces
    over-predicts between them: bins are never planned below :data:`LABEL_PROBE_LOW` of the
    line.
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from asrfit.memory.costmodel import label_slopes, with_label_terms
-from asrfit.memory.roofline import step_seconds_parts
+from asrfit.memory.fit.costmodel import label_slopes, with_label_terms
+from asrfit.memory.steptime.roofline import step_seconds_parts
 from asrfit.plan.bucketing import (
     BUCKET_COUNTS,
     BucketResult,

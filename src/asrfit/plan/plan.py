@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asrfit.errors import ConfigError
-from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.fit.costmodel import PeakModel
 from asrfit.memory.setup import Setup
 from asrfit.utils.serialization import JsonDataclass
 
@@ -320,7 +320,7 @@ class Plan(JsonDataclass):
         self, batch_size: int, input_length: int, label_length: int
     ) -> int:
         """Predicted ``max_memory_reserved`` of a padded batch on this plan's setup and GPU."""
-        from asrfit.memory.allocator import reserved_of_fitted_peak
+        from asrfit.memory.cuda.allocator import reserved_of_fitted_peak
 
         traced = max(
             self.cost_model.predict(batch_size, input_length, label_length),

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asrfit.memory.allocator import predict_cuda
+from asrfit.memory.cuda.allocator import predict_cuda
 from asrfit.memory.setup import Setup
 from asrfit.memory.step import BatchShape
 
@@ -152,7 +152,7 @@ def largest_conformer(
     def reserved(cfg: Any) -> int:
         if check is not None:
             return check(cfg)
-        from asrfit.memory.adapters import hf_adapter
+        from asrfit.memory.models.adapters import hf_adapter
 
         return reserved_by_simulation(hf_adapter(cfg), batch, setup, architecture, expandable)
 

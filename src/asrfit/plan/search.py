@@ -20,7 +20,7 @@ search over setups with the checkpointing choice (:func:`search_setups` ->
 :class:`~asrfit.plan.assemble.Choice`), and the plan (:func:`asrfit.plan.assemble.assemble_plan`).
 
 Throughput model (:mod:`asrfit.plan.speed`): each traced shape's kernels (FLOPs and bytes
-per op) are timed by the per-op roofline of :mod:`asrfit.memory.roofline` on the device's
+per op) are timed by the per-op roofline of :mod:`asrfit.memory.steptime.roofline` on the device's
 rates (a catalog GPU's peaks and bandwidth, or this CPU's measured figures,
 :mod:`asrfit.profiles.host`), fitted over batch and length, plus the optimizer step. Only a
 detected GPU missing from the catalog falls back to FLOPs at a stated MFU.

@@ -1,9 +1,9 @@
 """Predicted step time of a setup for any batch shape, from its traced kernels.
 
 The planner traces a few shapes per setup (:mod:`asrfit.plan.costs`); each trace carries
-the FLOPs and bytes of every kernel (:class:`asrfit.memory.roofline.StepCost`). For a
+the FLOPs and bytes of every kernel (:class:`asrfit.memory.steptime.roofline.StepCost`). For a
 device's rates, each traced shape's forward + backward seconds come from the per-op
-roofline (:func:`asrfit.memory.roofline.step_seconds`), split into per-kernel costs, which
+roofline (:func:`asrfit.memory.steptime.roofline.step_seconds`), split into per-kernel costs, which
 depend on the shape but not on the batch, and arithmetic, which grows with it; each part is
 fitted over the traced shapes (:class:`StepTimeFit`). The optimizer step (and
 ``zero_grad``) does not depend on the batch and is added once per step.
@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from asrfit.memory.costmodel import PeakModel, fit_peak_model, lerp_models
-from asrfit.memory.roofline import step_seconds, step_seconds_parts
-from asrfit.memory.zero import unmodelled_step_time
+from asrfit.memory.cuda.zero import unmodelled_step_time
+from asrfit.memory.fit.costmodel import PeakModel, fit_peak_model, lerp_models
+from asrfit.memory.steptime.roofline import step_seconds, step_seconds_parts
 from asrfit.profiles.rates import DeviceRates
 
 _NS = 1e9
@@ -30,12 +30,12 @@ class StepTimeFit:
     A step's kernel count does not grow with the batch (a transducer loss's loop over frames
     and labels launches the same kernels for one utterance or a hundred), while each
     kernel's arithmetic and memory traffic does. So the two are fitted apart, each to its
-    own exact values at the traced shapes (:mod:`asrfit.memory.roofline`): ``fixed`` and
+    own exact values at the traced shapes (:mod:`asrfit.memory.steptime.roofline`): ``fixed`` and
     ``host`` as functions of ``(T, U)`` alone (evaluated at ``B = 1``), ``arithmetic`` as
     ``c0 + B (d + a T + b T^2 + c U)``, all in nanoseconds. A CPU runs them one after the
     other (``fixed + arithmetic``); on a GPU the host's time adds to the device's (launch
     gaps + arithmetic): an eager step waits for the device too often for them to overlap
-    (:func:`asrfit.memory.roofline.step_seconds`).
+    (:func:`asrfit.memory.steptime.roofline.step_seconds`).
 
     Attributes:
         fixed: Per-kernel device-side costs (a GPU's launch gaps; a CPU's per-op cost).

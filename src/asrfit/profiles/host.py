@@ -82,7 +82,7 @@ def _conv_rate(dtype: object) -> float:
 
 class _ArithmeticCount:
     """FLOPs and bytes of the ops with FLOPs (``torch.utils.flop_counter``'s table), bytes
-    counted as :class:`asrfit.memory.runtime.OpCounter` counts them: each distinct input
+    counted as :class:`asrfit.memory.steptime.runtime.OpCounter` counts them: each distinct input
     and output tensor once, at most its storage's size."""
 
     def __init__(self) -> None:
@@ -184,7 +184,7 @@ def _attention_rate(dtype: object) -> float:
 
     The CPU flash-attention kernels are not GEMMs: their bf16 backward, on a CPU with
     native bf16 matmuls, ran at a fraction of the bf16 GEMM rate. FLOPs as
-    :mod:`asrfit.memory.runtime` counts them: ``4 B H L S D`` forward, 2.5x that backward.
+    :mod:`asrfit.memory.steptime.runtime` counts them: ``4 B H L S D`` forward, 2.5x that backward.
     """
     import torch
     import torch.nn.functional as F

@@ -97,7 +97,7 @@ class DeviceRates(JsonDataclass):
             dispatch on a CPU, the host's cost per backward kernel on a GPU.
         forward_kernel_seconds: Host cost of one forward kernel called from Python (module
             call, dispatcher, autograd recording). On a CPU it adds to the step; on a GPU it
-            adds too (:func:`asrfit.memory.roofline.step_seconds`: host + device time).
+            adds too (:func:`asrfit.memory.steptime.roofline.step_seconds`: host + device time).
         threads: CPU threads the figures were measured with (0 for a GPU).
         sources: Where each figure comes from.
         kind_bytes_per_second: Bandwidth reached by kernels of an op kind that do more than

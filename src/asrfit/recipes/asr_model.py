@@ -241,7 +241,7 @@ def build_asr_model(
         UnknownModelError: When the spec names no model.
     """
     import asrfit.models.conformer  # noqa: F401  registers the built-in model with transformers
-    from asrfit.memory.adapters import hf_adapter
+    from asrfit.memory.models.adapters import hf_adapter
     from asrfit.profiles.registry import family_of_config, model_class_for, resolve
 
     resolved = resolve(spec)

@@ -39,7 +39,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from asrfit.memory.costmodel import PeakModel
+from asrfit.memory.fit.costmodel import PeakModel
 from asrfit.memory.setup import Setup
 from asrfit.plan.plan import Bucket, DataDecisions, Plan
 

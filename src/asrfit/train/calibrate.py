@@ -39,9 +39,9 @@ import torch
 
 from asrfit.errors import ConfigError
 from asrfit.memory.real_step import build_model, make_step, real_inputs
-from asrfit.memory.roofline import step_seconds_parts
 from asrfit.memory.setup import Precision, Setup
 from asrfit.memory.step import BatchShape
+from asrfit.memory.steptime.roofline import step_seconds_parts
 from asrfit.profiles.calibration import (
     SCALE_RANGE,
     Calibration,
@@ -289,7 +289,7 @@ def calibrate(
     Raises:
         ConfigError: For ``device="cuda"`` without a usable GPU, or scales out of range.
     """
-    from asrfit.memory.allocator import predict_cuda
+    from asrfit.memory.cuda.allocator import predict_cuda
     from asrfit.memory.report import batch_for_seconds, resolve_adapter
     from asrfit.profiles.hardware import HardwareProfile
     from asrfit.profiles.host import measure_host_rates

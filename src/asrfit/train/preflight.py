@@ -207,11 +207,11 @@ def allowance_bytes(
 ) -> int:
     """What the plan's reserved prediction of this batch adds to its traced peak.
 
-    :func:`asrfit.memory.allocator.reserved_of_fitted_peak`: the allocator's rounding, pages
+    :func:`asrfit.memory.cuda.allocator.reserved_of_fitted_peak`: the allocator's rounding, pages
     and fragmentation, and the library workspaces (cuBLAS) it counts. A pass may hold that
     much above its traced bytes before it holds more than the plan allowed for.
     """
-    from asrfit.memory.allocator import reserved_of_fitted_peak
+    from asrfit.memory.cuda.allocator import reserved_of_fitted_peak
 
     shape = _padded_shape(plan, indices, durations, label_lengths)
     traced = int(plan.cost_model.predict(*shape) + plan.model_state_offset_bytes)

@@ -21,7 +21,7 @@ else the full model is traced (``assumptions`` says which).
 
 Each reduced trace builds the model at the depth it needs, not whole and then pruned, where
 the adapter has a config, and checks the build against the full model's layout
-(:mod:`asrfit.memory.reduced`); a build that differs is traced from the full build instead.
+(:mod:`asrfit.memory.fit.reduced`); a build that differs is traced from the full build instead.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from asrfit.memory.adapters import BatchShape, StepAdapter
-from asrfit.memory.allocator import segment_overhead_bytes
-from asrfit.memory.reduced import (
+from asrfit.memory.cuda.allocator import segment_overhead_bytes
+from asrfit.memory.fit.reduced import (
     Layout,
     Mismatch,
     build_depths,
@@ -45,9 +44,10 @@ from asrfit.memory.reduced import (
     layer_groups,
     layout,
 )
-from asrfit.memory.roofline import StepCost
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import StepMemory, simulate_step
+from asrfit.memory.step import BatchShape, StepAdapter
+from asrfit.memory.steptime.roofline import StepCost
 
 BASE = 2  # layers per group in the smallest trace (at 1, the peak may sit in another phase)
 TOLERANCE = 1e-6  # relative, on each checked quantity (exact for identical layers)

@@ -90,10 +90,10 @@ def segment_overhead_bytes(block_sizes: list[int], *, expandable: bool = False) 
 
     A traced step's segment figure is its peak plus this overhead of the blocks live at the
     peak. Counting :func:`segment_bytes` of the blocks alone would count blocks that the
-    in-place accumulation of gradients (:mod:`asrfit.memory.engine`) has freed (wav2vec2-base,
+    in-place accumulation of gradients (:mod:`asrfit.memory.trace.engine`) has freed (wav2vec2-base,
     fp32, batch 64 x 16 s: 44.9 GiB of blocks at a 41.2 GiB peak); adding only the overhead to
     the peak nets them out, and also keeps the figure at the peak where block counts are extrapolated from
-    traces at reduced depth (:mod:`asrfit.memory.depth`).
+    traces at reduced depth (:mod:`asrfit.memory.fit.depth`).
     """
     held = expandable_segment_bytes(block_sizes) if expandable else segment_bytes(block_sizes)
     return held - sum(block_sizes)

@@ -195,7 +195,7 @@ def measured_cpu_rules(tracker: Any) -> dict[Any, Callable[[tuple, dict, Any], i
     """Scratch rules for ``target="cpu"`` that measure each op's kernel on this CPU (cached).
 
     Args:
-        tracker: The :class:`~asrfit.memory.tracker.StorageTracker` of the trace; outputs
+        tracker: The :class:`~asrfit.memory.trace.tracker.StorageTracker` of the trace; outputs
             whose real size exceeds their fake size (the RNN workspace) are grown in its log.
 
     Returns:

@@ -23,7 +23,7 @@ traced at the diagonal whose length is closest to the group's mean. Then
 - every kernel the representative runs, in forward and in backward (found by the autograd
   node it runs in: its sequence number lies in the iteration's range; the engine's
   gradient accumulations count with the node just run), counts for the group's ``m``
-  diagonals (:attr:`asrfit.memory.runtime.OpCounter.weight`);
+  diagonals (:attr:`asrfit.memory.steptime.runtime.OpCounter.weight`);
 - every storage the representative still holds when the loss returns (what autograd saved)
   is repeated for each other diagonal ``n`` of its group, scaled by ``d_n / d_rep``: stand-in
   blocks in the tracker's event log, allocated where the representative ended; in backward
@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from asrfit.memory.tracker import StorageTracker
+from asrfit.memory.trace.tracker import StorageTracker
 
 GROUPS = 6  # representative diagonals per loss call
 _LOOP = "for n in range(1, max_t + max_u - 1):"

@@ -1,4 +1,4 @@
-"""Models built with fewer layers, for :mod:`asrfit.memory.depth`.
+"""Models built with fewer layers, for :mod:`asrfit.memory.fit.depth`.
 
 A model's repeated layers come in groups (:func:`layer_groups`): per layer stack, the layers
 identical to the stack's most common one, split by whether they recompute their forward.
@@ -23,9 +23,9 @@ from typing import Any
 
 from torch import nn
 
-from asrfit.memory.adapters import BatchShape, StepAdapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
+from asrfit.memory.step import BatchShape, StepAdapter
 from asrfit.models.checkpointing import _flag_checkpointable
 
 

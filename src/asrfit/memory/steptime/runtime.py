@@ -1,7 +1,7 @@
 """Step time from the fake-tensor trace: FLOPs and bytes of every aten op, and a roofline.
 
 :class:`OpCounter` is a dispatch mode entered inside the simulator's
-:class:`~asrfit.memory.tracker.StorageTracker`; it sees the same aten calls of the traced
+:class:`~asrfit.memory.trace.tracker.StorageTracker`; it sees the same aten calls of the traced
 step (forward, loss, backward with checkpointing's recompute, the optimizer step) and keeps,
 for each op that runs a kernel:
 
@@ -30,7 +30,7 @@ happens below the dispatcher, where a fake tensor never sees it, so each non-con
 input of those kernels adds a layout row of its own (a wav2vec2 feature encoder's layer
 norms between transposes: about a tenth of its CPU step).
 
-The counts are a :class:`~asrfit.memory.roofline.StepCost`; :mod:`asrfit.memory.roofline`
+The counts are a :class:`~asrfit.memory.steptime.roofline.StepCost`; :mod:`asrfit.memory.steptime.roofline`
 (no torch: warm plans time cached costs without importing it) turns them into seconds.
 """
 
@@ -43,7 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from asrfit.memory.roofline import (  # noqa: F401  (re-exported: the roofline's old home)
+from asrfit.memory.steptime.roofline import (  # noqa: F401  (re-exported: the roofline's old home)
     GPU_FOREACH_TENSORS_PER_LAUNCH,
     KINDS,
     RUNTIME_VERSION,
@@ -56,7 +56,7 @@ from asrfit.memory.roofline import (  # noqa: F401  (re-exported: the roofline's
     step_seconds,
     step_seconds_parts,
 )
-from asrfit.memory.values import device_query, tensors_in
+from asrfit.memory.trace.values import device_query, tensors_in
 from asrfit.profiles.rates import runs_kernel
 
 _aten = torch.ops.aten
@@ -217,7 +217,7 @@ class OpCounter(TorchDispatchMode):
         self.default_phase = phase
         self.counts: dict[int, Counter] = {}
         self._module_hook: Any = None
-        # calls each kernel stands for (asrfit.memory.lattice: one traced diagonal of a
+        # calls each kernel stands for (asrfit.memory.trace.lattice: one traced diagonal of a
         # transducer loss's loop counts for its group); None: 1
         self.weight: Any = None
         self.traced: Counter = Counter()  # step -> kernel calls of STEP_PHASES seen, once each

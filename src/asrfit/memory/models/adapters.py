@@ -16,14 +16,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from asrfit.errors import ShapeError, UnsupportedModelError
-from asrfit.memory.step import (  # noqa: F401  (re-exported: their old home)
-    SUPPORTED_FAMILIES,
-    BatchShape,
-    DeferredAdapter,
-    StepAdapter,
-)
-from asrfit.memory.tracker import StorageTracker
-from asrfit.memory.values import fake_with_value
+from asrfit.memory.step import BatchShape, StepAdapter
+from asrfit.memory.trace.tracker import StorageTracker
+from asrfit.memory.trace.values import fake_with_value
 
 _CLASS_FAMILY = {
     "Wav2Vec2ForCTC": "wav2vec2",
@@ -110,7 +105,7 @@ def hf_adapter(
         raise UnsupportedModelError(
             f"model type {model_type!r} (architectures {archs}) has no asrfit adapter; "
             f"adapters exist for {', '.join(_CLASS_FAMILY)}. Any other AutoModelForCTC / "
-            "AutoModelForSpeechSeq2Seq class goes through asrfit.memory.generic.speech_adapter."
+            "AutoModelForSpeechSeq2Seq class goes through asrfit.memory.models.generic.speech_adapter."
         )
     family = _CLASS_FAMILY[cls_name]
     label = name or getattr(config, "name_or_path", None) or cls_name

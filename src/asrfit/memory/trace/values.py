@@ -1,7 +1,7 @@
 """Shadow values: fake tensors whose real values the tracker knows, and where a trace stands.
 
-Shared by :mod:`asrfit.memory.tracker` (which keeps the values), :mod:`asrfit.memory.datadep`
-(which reads them in data-dependent ops) and :mod:`asrfit.memory.adapters` (which declares
+Shared by :mod:`asrfit.memory.trace.tracker` (which keeps the values), :mod:`asrfit.memory.trace.datadep`
+(which reads them in data-dependent ops) and :mod:`asrfit.memory.models.adapters` (which declares
 the batch's lengths, masks and labels). It imports nothing else of asrfit, so those three
 never import each other in a circle. Also what every dispatch mode of a trace needs first:
 the tensors in an op's arguments, and the answer to a fake tensor's device query.
@@ -21,7 +21,7 @@ _LEAVES = (str, int, float, bool, type(None), torch.dtype, torch.device, torch.l
 
 
 class ValueTracker(Protocol):
-    """What the data-dependent handlers need of :class:`~asrfit.memory.tracker.StorageTracker`."""
+    """What the data-dependent handlers need of :class:`~asrfit.memory.trace.tracker.StorageTracker`."""
 
     def set_value(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         """Declare the real value of a fake tensor."""
@@ -49,7 +49,7 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
 
     Tuples, lists and dicts (insertion order, as pytree flattens them) are walked here; any
     other container (named tuples, registered pytree nodes) goes through ``tree_flatten``.
-    Called for every op of a trace (:mod:`asrfit.memory.tracker`, :mod:`asrfit.memory.runtime`).
+    Called for every op of a trace (:mod:`asrfit.memory.trace.tracker`, :mod:`asrfit.memory.steptime.runtime`).
     """
     out: list[torch.Tensor] = []
     _collect(obj, out)

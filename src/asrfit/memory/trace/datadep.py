@@ -23,7 +23,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from asrfit.errors import ShapeError
-from asrfit.memory.values import ValueTracker, fake_with_value, user_frame
+from asrfit.memory.trace.values import ValueTracker, fake_with_value, user_frame
 
 aten = torch.ops.aten
 

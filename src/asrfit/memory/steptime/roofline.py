@@ -2,7 +2,7 @@
 
 A simulation records the kernels of a step as a :class:`StepCost` (one row per distinct
 op cost: phase, kind, dtype, FLOPs, bytes moved, tensors touched, calls; counted by
-:class:`asrfit.memory.runtime.OpCounter`). This module turns rows into seconds and needs no
+:class:`asrfit.memory.steptime.runtime.OpCounter`). This module turns rows into seconds and needs no
 torch: a plan whose simulations are all cached reads costs and times them without it.
 
 :func:`step_seconds` turns those counts into seconds for a :class:`DeviceRates`: each op

@@ -2,7 +2,7 @@
 and CUDA layer norm's contiguous copy for ``target="cuda"`` (:data:`CUDA_SCRATCH`).
 
 The simulator measures each CPU kernel's scratch on this CPU instead
-(:mod:`asrfit.memory.cpu_kernels`; :func:`scratch_rules` with a tracker); the rules below
+(:mod:`asrfit.memory.trace.cpu_kernels`; :func:`scratch_rules` with a tracker); the rules below
 remain for ``scratch_rules("cpu")`` without a tracker. On held-out shapes they missed by up
 to -11 % (a Conformer's Conv2d subsampling backward holds about twice its input, not
 ``in + out``).
@@ -116,14 +116,14 @@ def scratch_rules(target: str, tracker: Any = None) -> dict[Any, ScratchRule]:
     """The scratch rules for ``target``.
 
     For ``"cpu"`` with a tracker: each CPU kernel's scratch measured on this CPU
-    (:func:`asrfit.memory.cpu_kernels.measured_cpu_rules`); for ``"cpu"`` without one: the
+    (:func:`asrfit.memory.trace.cpu_kernels.measured_cpu_rules`); for ``"cpu"`` without one: the
     convolution rules above; for ``"cuda"``: :data:`CUDA_SCRATCH` (no convolution
     workspaces, see above).
     """
     if target != "cpu":
         return dict(CUDA_SCRATCH)
     if tracker is not None:
-        from asrfit.memory.cpu_kernels import measured_cpu_rules
+        from asrfit.memory.trace.cpu_kernels import measured_cpu_rules
 
         return measured_cpu_rules(tracker)
     return dict(CPU_SCRATCH)

@@ -28,15 +28,9 @@ import torch
 from torch import nn
 
 from asrfit.errors import UnsupportedModelError
-from asrfit.memory.adapters import (
-    BatchShape,
-    StepAdapter,
-    _check_ctc,
-    _labels,
-    _loss_attr,
-    _mask,
-)
-from asrfit.memory.tracker import StorageTracker
+from asrfit.memory.models.adapters import _check_ctc, _labels, _loss_attr, _mask
+from asrfit.memory.step import BatchShape, StepAdapter
+from asrfit.memory.trace.tracker import StorageTracker
 
 
 def auto_class(config: Any) -> tuple[type, str]:
@@ -48,7 +42,7 @@ def auto_class(config: Any) -> tuple[type, str]:
     import transformers
     from transformers.models.auto import modeling_auto
 
-    from asrfit.memory.adapters import _CLASS_FAMILY
+    from asrfit.memory.models.adapters import _CLASS_FAMILY
 
     model_type = getattr(config, "model_type", "")
     for kind, table in (
@@ -160,7 +154,7 @@ def speech_adapter(
         UnsupportedModelError: When transformers has no CTC or speech-to-text class for it;
             the message says why and what to do.
     """
-    from asrfit.memory.adapters import hf_adapter
+    from asrfit.memory.models.adapters import hf_adapter
 
     try:
         return hf_adapter(config, freeze_feature_encoder=freeze_feature_encoder, name=name)

@@ -43,7 +43,7 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from asrfit.memory.values import device_query
+from asrfit.memory.trace.values import device_query
 
 _ADD = torch.ops.aten.add.Tensor
 
@@ -166,7 +166,7 @@ def plain_accumulation(tracker: Any, roots: list[torch.Tensor]) -> Iterator[None
     """Trace the backward pass of ``roots`` with a plain step's in-place gradient accumulation.
 
     Args:
-        tracker: The active :class:`~asrfit.memory.tracker.StorageTracker`.
+        tracker: The active :class:`~asrfit.memory.trace.tracker.StorageTracker`.
         roots: The tensors ``backward()`` is called on (their ``grad_fn`` graphs are hooked).
     """
     watcher = _AccumulationWatcher(tracker)
@@ -240,7 +240,7 @@ def plain_composites(tracker: Any) -> Iterator[None]:
     """Trace a step with the in-place variants a plain step's composite ATen code takes.
 
     Args:
-        tracker: The active :class:`~asrfit.memory.tracker.StorageTracker`.
+        tracker: The active :class:`~asrfit.memory.trace.tracker.StorageTracker`.
     """
     import torch.nn.functional as F
 

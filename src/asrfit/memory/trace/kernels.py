@@ -228,7 +228,7 @@ def _mask_checks_use_values() -> Iterator[None]:
 def _current_tracker() -> Any:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    from asrfit.memory.tracker import StorageTracker
+    from asrfit.memory.trace.tracker import StorageTracker
 
     for mode in reversed(_get_current_dispatch_mode_stack()):
         if isinstance(mode, StorageTracker):

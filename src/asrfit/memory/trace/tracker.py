@@ -13,7 +13,7 @@ most 4096 elements, e.g. lengths computed in float), it is also run on the real 
 Seeded random ops never get a shadow, so a random draw stays unknown and the trace
 stays deterministic. ``.item()``, ``masked_select``, ``nonzero`` and the CTC loss then see the
 true lengths. Only values that are unknowable (random coin flips, values computed from
-float activations) fall back to the pessimistic rules in :mod:`asrfit.memory.datadep`.
+float activations) fall back to the pessimistic rules in :mod:`asrfit.memory.trace.datadep`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from asrfit.memory import datadep
-from asrfit.memory.values import device_query, tensors_in, user_frame
+from asrfit.memory.trace import datadep
+from asrfit.memory.trace.values import device_query, tensors_in, user_frame
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK_BYTES = 512
@@ -70,7 +70,7 @@ class Block:
     op: Any = None  # the aten op that made it
     shape: tuple[int, ...] = ()
     dtype: Any = None
-    region: str = ""  # where in the model (set by asrfit.memory.depth's hooks), else ""
+    region: str = ""  # where in the model (set by asrfit.memory.fit.depth's hooks), else ""
 
 
 @dataclass
@@ -89,7 +89,7 @@ class TraceLog:
     blocks: dict[int, Block] = field(default_factory=dict)
     events: list[tuple[int, int]] = field(default_factory=list)
     # block -> the block whose storage it took over when an out-of-place op was rewritten as
-    # in place (asrfit.memory.engine): one storage, whose events the two blocks share
+    # in place (asrfit.memory.trace.engine): one storage, whose events the two blocks share
     merged: dict[int, int] = field(default_factory=dict)
 
 
@@ -124,7 +124,7 @@ class StorageTracker(TorchDispatchMode):
         super().__init__()
         self.log = TraceLog()
         self.phase = "setup"
-        self.region = ""  # a label that asrfit.memory.depth's layer hooks move along the model
+        self.region = ""  # a label that asrfit.memory.fit.depth's layer hooks move along the model
         self.step = 0
         self.assumptions: list[Assumption] = []
         self.flops = 0  # matmul/conv/attention FLOPs, counted as torch.utils.flop_counter does
@@ -188,7 +188,7 @@ class StorageTracker(TorchDispatchMode):
 
     def hold(self, nbytes: int, like: Block, at: int | None = None) -> int:
         """Allocate a stand-in block of ``nbytes`` for a storage traced once and repeated
-        (:mod:`asrfit.memory.lattice`), categorised like ``like``, at event index ``at``
+        (:mod:`asrfit.memory.trace.lattice`), categorised like ``like``, at event index ``at``
         (Default: now); free it with :meth:`drop`."""
         key = next(self._ids)
         self.log.blocks[key] = Block(
