@@ -26,7 +26,6 @@ machine (CPU model, cores, threads, torch version) under ``$ASRFIT_CACHE_DIR/hos
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from asrfit.profiles.calibration import cpu_model
+from asrfit.profiles.host_cache import cache_file, contended, other_runnable
 from asrfit.profiles.host_kernels import (
     CHAIN,
     MODULE_FACTOR,
@@ -412,31 +412,11 @@ def _measure_once(threads: int | None) -> DeviceRates:
     )
 
 
-def host_cache_dir() -> Path | None:
-    """The host-rates cache folder, or None when ``ASRFIT_CACHE_DIR=off``."""
-    value = os.environ.get("ASRFIT_CACHE_DIR", "")
-    if value.lower() == "off":
-        return None
-    return (Path(value) if value else Path.home() / ".cache" / "asrfit") / "host"
-
-
 def _cache_file(threads: int) -> Path | None:
     import torch
 
-    folder = host_cache_dir()
-    if folder is None:
-        return None
-    key = json.dumps(
-        [
-            HOST_RATES_VERSION,
-            MODULE_FACTOR,
-            cpu_model(),
-            os.cpu_count(),
-            threads,
-            torch.__version__,
-        ]
-    )
-    return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    key = [HOST_RATES_VERSION, MODULE_FACTOR, cpu_model(), os.cpu_count(), threads]
+    return cache_file([*key, torch.__version__])
 
 
 @functools.lru_cache(maxsize=8)
@@ -461,8 +441,18 @@ def host_rates(threads: int | None = None, *, refresh: bool = False) -> DeviceRa
             logger.warning(
                 "Ignoring unreadable host-rates cache %s (%s); measuring again.", path, err
             )
+    before = other_runnable()
     rates = measure_host_rates(threads)
-    if path is not None:
+    others = min(before, other_runnable())
+    if contended(others, threads):
+        logger.warning(
+            "Host rates measured while %d thread(s) of other processes were runnable on %d "
+            "cores: this plan uses them, but they are not cached (slow rates would price every "
+            "later plan's steps as slow); plan again on a quiet machine to cache them.",
+            others,
+            os.cpu_count() or 1,
+        )
+    elif path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(rates.to_dict(), indent=1))
         logger.info("Host rates measured and cached in %s.", path)
