@@ -312,12 +312,19 @@ def speech_demo(section: Section) -> list[Figure]:
 
 def demo_training(section: Section) -> list[Figure]:
     """`make demo` (CPU): the test split's error rates on the synthetic corpus."""
-    find_table(section, "epoch")
+    find_table(section, "stage")
     m = search(
         section, r"\*\*WER (?P<wer>[\d.]+ %), CER (?P<cer>[\d.]+ %)\*\*", "test split's line"
     )
+    speed = search(
+        section,
+        r"throughput: predicted (?P<p>[\d.]+), measured (?P<m>[\d.]+) audio s per s",
+        "throughput line",
+    )
     return [
-        Figure("`make demo`, CPU: test CER (synthetic corpus)", m["cer"], MEASURED, section.name)
+        Figure("`make demo`, CPU: test CER (synthetic corpus)", m["cer"], MEASURED, section.name),
+        Figure("`make demo`, CPU: audio s per s trained", speed["m"], MEASURED, section.name),
+        Figure("`make demo`, CPU: audio s per s predicted", speed["p"], NOT_STATED, section.name),
     ]
 
 
