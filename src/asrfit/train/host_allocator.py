@@ -4,11 +4,11 @@ PyTorch's CPU tensors come from the C library's ``malloc``. With glibc's default
 block (above a threshold that adapts up to 32 MiB) is its own ``mmap`` and goes back to the
 kernel when freed, and free memory at the top of the heap is trimmed back too. A training
 step frees and allocates the same sizes every step, so each step pays again for the kernel
-to fault in and zero every page of those blocks. Measured on the 2-core development
-machine (``bench/host_allocator.py``, ``docs/benchmarks.md``): writing 64 MiB into a fresh
-tensor ran at 2.6 GB/s with the defaults and 9.8 GB/s with freed memory kept, and a
-Conformer-CTC step (batch 8 x 350 frames, one thread) took 1.13x as long with the defaults,
-at the same peak RSS.
+to fault in and zero every page of those blocks. Measured on a 2-core host
+(``bench/host_allocator.py``, ``docs/benchmarks.md``): writing 64 MiB into a fresh tensor
+runs at 2.0 GB/s with the defaults and 9.0 GB/s with freed memory kept; a whole
+Conformer-CTC step (batch 8 x 350 frames, one thread) shows no speed-up beyond the
+run-to-run spread (0.88x and 1.06x in two runs an hour apart, 1.13x in an earlier one).
 
 :func:`keep_freed_host_memory` turns both off through ``mallopt`` (no ``mmap`` for large
 blocks, no trimming below 1 GiB of free heap), so that after the first steps every block is
