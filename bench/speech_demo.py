@@ -1,11 +1,16 @@
-"""Score a `make demo-speech` run: greedy CTC and beam search with a word n-gram, on unseen
-voices and sentences (test) and on a whole held-out voice family; writes a section of
+"""Score a `make demo-speech` run: the acoustic model alone (greedy CTC) on dev, test and the
+held-out engine, then beam search with word n-grams reported apart; writes a section of
 docs/benchmarks.md and ``decoding.json`` in the run folder.
 
-Two n-grams, each scored apart: one of the training transcripts only, and (where the corpus
-has ``lm_text.txt``) one of the transcripts plus text-only grammar sentences that are in no
-dev, test or family utterance. Each one's weight (alpha) and word bonus (beta) are chosen on
-dev, then applied once to test and to the held-out family.
+The headline is greedy decoding: what the acoustic model reads with no language model. Two
+n-grams are scored apart: one of the training transcripts only, and (where the corpus has
+``lm_text.txt``) one of the transcripts plus text-only grammar sentences that are in no dev,
+test or held-out utterance. Each one's weight (alpha) and word bonus (beta) are chosen on dev,
+then applied once to test and to the held-out engine. Beside each n-gram stands its overlap with
+each split: the share of the split's word n-grams the LM text holds.
+
+While a recipe is tuned, score dev alone (``--splits dev``, no ``--out``): test and the held-out
+engine are then neither decoded nor printed.
 
 Usage: python -m bench speech_demo --run runs/demo-speech --data demo-speech --out docs/benchmarks.md
 """
@@ -19,6 +24,7 @@ import json
 import os
 import platform
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -37,14 +43,54 @@ from bench._report import write_section
 # both sides of that point; on 2026-11-25 both n-grams chose beta 5.0, its upper edge: 8.0 added;
 # later that day the 503,000-sentence n-gram chose alpha 0.3, its lower edge: 0.2 added; on
 # 2026-11-27 it chose (0.8, 8.0), the grid's far corner: 1.2 and 12.0 added.
-# Test and the held-out family are decoded once, with the dev choice.
+# Test and the held-out engine are decoded once, with the dev choice.
 ALPHAS = (0.2, 0.3, 0.5, 0.8, 1.2)
 BETAS = (2.0, 3.0, 5.0, 8.0, 12.0)
+
+
+SPLITS = ("dev", "test", "heldout")
 
 
 def _score(refs: list[str], hyps: list[str]) -> dict[str, float]:
     wer, cer = error_rates(refs, hyps)
     return {"wer": wer, "cer": cer}
+
+
+def ngram_coverage(
+    lm_lines: list[str], texts: dict[str, list[str]], order: int
+) -> dict[str, dict[int, float]]:
+    """For each split's ``texts``: the share of its word n-grams (n = 1 ... ``order``, within
+    sentences) that occur in ``lm_lines``, how much of its word sequences the LM has seen."""
+    wanted = {
+        split: {
+            n: [tuple(w[i : i + n]) for w in (t.split() for t in ts) for i in range(len(w) - n + 1)]
+            for n in range(1, order + 1)
+        }
+        for split, ts in texts.items()
+    }
+    pending = {n: {g for by_n in wanted.values() for g in by_n[n]} for n in range(1, order + 1)}
+    seen: set[tuple[str, ...]] = set()
+    for line in lm_lines:
+        words = line.split()
+        for n, grams in pending.items():
+            for i in range(len(words) - n + 1):
+                gram = tuple(words[i : i + n])
+                if gram in grams:
+                    seen.add(gram)
+    return {
+        split: {n: sum(g in seen for g in gs) / len(gs) if gs else 0.0 for n, gs in by_n.items()}
+        for split, by_n in wanted.items()
+    }
+
+
+def _by_engine(refs: list[str], hyps: list[str], engine_of: dict[str, str]) -> dict[str, dict]:
+    """Greedy WER and CER per synthesizer (utterances matched to their manifest line by text)."""
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for ref, hyp in zip(refs, hyps, strict=True):
+        mine = groups.setdefault(engine_of.get(ref, "unknown"), ([], []))
+        mine[0].append(ref)
+        mine[1].append(hyp)
+    return {e: {"utterances": len(r), **_score(r, h)} for e, (r, h) in sorted(groups.items())}
 
 
 def main() -> None:
@@ -57,7 +103,13 @@ def main() -> None:
     )
     parser.add_argument("--beam-width", type=int, default=32)
     parser.add_argument("--order", type=int, default=3, help="n-gram order")
+    parser.add_argument(
+        "--splits", default=",".join(SPLITS), help="comma-separated; 'dev' alone while tuning"
+    )
     args = parser.parse_args()
+    splits = [x for x in SPLITS if x in args.splits.split(",")]
+    if args.out and splits != list(SPLITS):
+        parser.error("--out writes the whole section: score every split (drop --splits).")
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     run, data = Path(args.run), Path(args.data)
     report = json.loads((run / "report.json").read_text(encoding="utf-8"))
@@ -89,8 +141,10 @@ def main() -> None:
     }
     no_lm = BeamDecoder(vocab, beam_width=args.beam_width)
     results: dict[str, dict] = {}
-    for split in ("dev", "test", "family"):
+    for split in splits:
         refs, lp = (dev_refs, dev_lp) if split == "dev" else log_probs(split)
+        rows = [json.loads(x) for x in (data / f"{split}.jsonl").read_text().splitlines() if x]
+        engine_of = {r["text"]: r.get("engine", "espeak-ng") for r in rows}
         words = [w for r in refs for w in r.split()]
         t0 = time.perf_counter()
         greedy = greedy_texts(lp, vocab)
@@ -98,7 +152,11 @@ def main() -> None:
         beams = {name: lm["decoder"].decode(lp) for name, lm in lms.items()}
         t2 = time.perf_counter()
         results[split] = {
+            "refs": refs,
             "utterances": len(refs),
+            "minutes": sum(r["duration"] for r in rows) / 60,
+            "voices": sorted({r.get("voice", r["speaker"]) for r in rows}),
+            "greedy_by_engine": _by_engine(refs, greedy, engine_of),
             "oov_rate": {
                 name: sum(w not in lm["lexicon"] for w in words) / len(words)
                 for name, lm in lms.items()
@@ -113,7 +171,20 @@ def main() -> None:
                 for r, g, b in list(zip(refs, greedy, beams["transcripts"], strict=True))[:3]
             ],
         }
+    refs_of = {split: r["refs"] for split, r in results.items()}
+    for name in lms:
+        coverage = ngram_coverage(lm_sources[name], refs_of, args.order)
+        for split, r in results.items():
+            r.setdefault("lm_ngram_coverage", {})[name] = coverage[split]
+    for r in results.values():
+        del r["refs"]
+    train_rows = [json.loads(x) for x in (data / "train.jsonl").read_text().splitlines() if x]
     out = {
+        "train": {
+            "utterances": len(train_rows),
+            "minutes": sum(r["duration"] for r in train_rows) / 60,
+            "by_engine": dict(Counter(r.get("engine", "espeak-ng") for r in train_rows)),
+        },
         "kenlm": has_kenlm,
         "beam_width": args.beam_width,
         "order": args.order,
@@ -217,17 +288,28 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+SPLIT_NAMES = {
+    "dev": "dev (unseen sentences and espeak-ng voices; best epoch and LM weights chosen on it)",
+    "test": "**test** (unseen sentences and espeak-ng voices; flite's voices at other pitches and rates)",
+    "heldout": "**held-out engine** (Festival, heard in no other split)",
+}
+ENGINE_ORDER = ("espeak-ng", "flite", "festival")
+
+
 def _markdown(report: dict, dec: dict, command: str, scoring: str) -> str:
     cfg = report["config"]
     n = dec.get("order", 3)
     train_s = sum(e["wall_seconds"] for e in report["epochs"])
+    train = dec["train"]
+    mix = ", ".join(f"{e} {c:,}" for e, c in sorted(train["by_engine"].items()))
     lines = [
-        "## Speech demo: Conformer-CTC on espeak-ng voices it never heard (CPU)",
+        "## Speech demo: Conformer-CTC on espeak-ng and flite speech, Festival held out (CPU)",
         "",
         f"Command: `{command}` (corpus: `asrfit demo-data --speech`; scoring: `{scoring}`).",
         f"Run: {time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.system()}, nproc={os.cpu_count()}, "
         f"torch {torch.__version__}, device {report['device']}.",
         "",
+        f"Training corpus: {train['utterances']:,} utterances, {train['minutes']:.1f} min ({mix}). "
         f"Model {cfg['model']} ({report['parameters'] / 1e6:.2f} M parameters, random init), "
         f"lr {cfg['learning_rate'] or 'default (1e-3)'}, {cfg['epochs']} epochs, target batch {cfg['target_batch']}, "
         f"SpecAugment {'on' if cfg['spec_augment'] else 'off'}, overrides {cfg['model_overrides'] or 'none'}; "
@@ -242,6 +324,28 @@ def _markdown(report: dict, dec: dict, command: str, scoring: str) -> str:
             f"| {e['epoch']} | {e['steps']} | {e['train_loss']:.3f} | "
             f"{_pct(dev['wer']) if dev else '-'} | {_pct(dev['cer']) if dev else '-'} | {e['wall_seconds']:.0f} |"
         )
+    lines += [
+        "",
+        "The acoustic model alone (greedy CTC decoding, no language model) on the best-dev model; "
+        "this run computed each test and held-out figure once:",
+        "",
+        "| split | utterances | minutes | greedy CER | greedy WER | "
+        + " | ".join(f"{e} CER (utterances)" for e in ENGINE_ORDER)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(ENGINE_ORDER),
+    ]
+    for split, r in dec["splits"].items():
+        by = r["greedy_by_engine"]
+        cells = [
+            f"{_pct(by[e]['cer'])} ({by[e]['utterances']})" if e in by else "-"
+            for e in ENGINE_ORDER
+        ]
+        lines.append(
+            f"| {SPLIT_NAMES[split]} | {r['utterances']} | {r['minutes']:.1f} | {_pct(r['greedy']['cer'])} | "
+            f"{_pct(r['greedy']['wer'])} | " + " | ".join(cells) + " |"
+        )
+    voices = dec["splits"]["heldout"]["voices"]
+    lines += ["", f"Held-out engine voices: {', '.join(voices)}."]
     if not dec["kenlm"]:
         lines += [
             "",
@@ -250,34 +354,35 @@ def _markdown(report: dict, dec: dict, command: str, scoring: str) -> str:
     lms = dec["lms"]
     about = {
         "transcripts": "the training transcripts",
-        "text": "the training transcripts and text-only sentences of the grammar, none of them "
-        "a dev, test or family sentence (`lm_text.txt`, as a LibriSpeech LM's book text beside its audio)",
+        "text": "the training transcripts and text-only sentences of the same grammar as every "
+        "split, none of them a dev, test or held-out sentence (`lm_text.txt`)",
     }
-    lines += ["", f"Decoding the best-dev model (beam width {dec['beam_width']}):", ""]
+    lines += [
+        "",
+        f"With a word {n}-gram (beam width {dec['beam_width']}), reported apart: the n-grams know the "
+        "grammar the test sentences come from. Overlap: the share of a split's word n-grams "
+        "(within sentences) that occur in the LM's text.",
+        "",
+    ]
     for name, lm in lms.items():
+        cover = ", ".join(
+            f"{split} " + " / ".join(f"{_pct(v)}" for v in r["lm_ngram_coverage"][name].values())
+            for split, r in dec["splits"].items()
+        )
         lines.append(
             f"- {n}-gram **{name}**: {about[name]}; {lm['sentences']:,} sentences, "
-            f"{lm['lm_words']:,} words, alpha {lm['alpha']} and beta {lm['beta']} chosen on dev; "
-            "dev CER by (alpha, beta): "
-            + ", ".join(f"({k}) {_pct(v)}" for k, v in lm["dev_cer_by_alpha_beta"].items())
-            + "."
+            f"{lm['lm_words']:,} words, alpha {lm['alpha']} and beta {lm['beta']} chosen on dev "
+            f"(best of {len(lm['dev_cer_by_alpha_beta'])} on the grid); overlap (1- / 2- / ... "
+            f"{n}-grams): {cover}."
         )
-    head = "| split | utterances | greedy WER | greedy CER | beam, no LM CER |"
-    rule = "|---|---|---|---|---|"
+    head = "| split, with an n-gram | beam, no LM CER |"
+    rule = "|---|---|"
     for name in lms:
         head += f" words outside {name} LM | + {n}-gram {name} WER | + {n}-gram {name} CER |"
         rule += "---|---|---|"
     lines += ["", head, rule]
-    names = {
-        "dev": "dev (unseen voices+sentences, tuned on)",
-        "test": "**test** (unseen voices and sentences)",
-        "family": "held-out voice family (klatt)",
-    }
     for split, r in dec["splits"].items():
-        row = (
-            f"| {names[split]} | {r['utterances']} | {_pct(r['greedy']['wer'])} | "
-            f"{_pct(r['greedy']['cer'])} | {_pct(r['beam_no_lm']['cer'])} |"
-        )
+        row = f"| {SPLIT_NAMES[split]} | {_pct(r['beam_no_lm']['cer'])} |"
         for name in lms:
             beam = r[f"beam_lm_{name}"]
             row += f" {_pct(r['oov_rate'][name])} | {_pct(beam['wer'])} | {_pct(beam['cer'])} |"

@@ -18,11 +18,11 @@ from asrfit.cli.render import console, print_json, rows_table
     "--num-test", type=POSITIVE_INT, default=None, help="[default: 60; 200 with --speech]"
 )
 @click.option(
-    "--num-family",
+    "--num-heldout",
     type=POSITIVE_INT,
     default=200,
     show_default=True,
-    help="With --speech: utterances of the held-out voice family.",
+    help="With --speech: utterances of the held-out engine (Festival).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -31,8 +31,10 @@ from asrfit.cli.render import console, print_json, rows_table
 @click.option(
     "--speech",
     is_flag=True,
-    help="Sentences spoken by many espeak-ng voices (pip install 'asrfit[speech]'), with rooms "
-    "and noise; dev/test use unseen voices and sentences, 'family' a held-out voice family.",
+    help="Sentences spoken by espeak-ng's and flite's voices (pip install 'asrfit[speech]'; "
+    "apt-get install flite festival festvox-kdlpc16k festvox-us-slt-hts), with perturbations, "
+    "rooms, noise and channels; dev/test use unseen sentences and espeak-ng voices, 'heldout' "
+    "an engine no other split hears (Festival).",
 )
 @click.option(
     "--workers",
@@ -56,7 +58,7 @@ def command(
     num_train: int | None,
     num_dev: int | None,
     num_test: int | None,
-    num_family: int,
+    num_heldout: int,
     seed: int,
     espeak: bool,
     speech: bool,
@@ -74,7 +76,7 @@ def command(
             num_train=num_train or 3000,
             num_dev=num_dev or 200,
             num_test=num_test or 200,
-            num_family=num_family,
+            num_heldout=num_heldout,
             seed=seed,
             workers=workers,
             overwrite=overwrite,

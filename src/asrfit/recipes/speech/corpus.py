@@ -1,11 +1,13 @@
-"""Write a speech corpus rendered by espeak-ng: unseen voices and sentences in dev and test.
+"""Write a speech corpus from three synthesizers: unseen voices, sentences and a held-out engine.
 
 Four splits, each with its own sentences (from :class:`~asrfit.recipes.speech.grammar.Grammar`)
-and its own voice variants (:func:`~asrfit.recipes.speech.voices.split_voices`):
+and its own voices (:func:`~asrfit.recipes.speech.voices.split_voices`):
 
-* ``train``: the training variants, speed perturbation, rooms and noise (:data:`TRAIN_POLICY`);
-* ``dev`` and ``test``: variants and sentences never in train, milder rooms and noise;
-* ``family``: a whole voice family (espeak-ng's Klatt voices) held out of every other split.
+* ``train``: espeak-ng's training variants and flite's voices, with speed, vocal-tract-length
+  and channel perturbation, rooms and noise (:data:`TRAIN_POLICY`);
+* ``dev`` and ``test``: espeak-ng variants never in train, flite's voices with other pitches and
+  rates, sentences never in train, milder rooms and noise;
+* ``heldout``: Festival, an engine no other split hears (diphone and HTS voices).
 
 Each utterance draws from its own random stream ``(seed, split, index)``. espeak-ng keeps some
 synthesis state from one call to the next that neither a re-initialisation nor its random seed
@@ -32,6 +34,7 @@ from asrfit.recipes.demo import (
     check_counts_and_seed,
     prepare_corpus_folder,
 )
+from asrfit.recipes.speech import engines
 from asrfit.recipes.speech.augment import (
     EVAL_POLICY,
     TRAIN_POLICY,
@@ -40,14 +43,13 @@ from asrfit.recipes.speech.augment import (
     draw_conditions,
     resample,
 )
-from asrfit.recipes.speech.espeak import Espeak
 from asrfit.recipes.speech.grammar import Grammar
-from asrfit.recipes.speech.voices import HELD_OUT_FAMILY, Speaker, split_voices
+from asrfit.recipes.speech.voices import HELD_OUT_ENGINE, Speaker, pick_speaker, split_voices
 from asrfit.utils.io import Pathlike, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-SPEECH_SPLITS = ("train", "dev", "test", "family")
+SPEECH_SPLITS = ("train", "dev", "test", "heldout")
 LM_TEXT = "lm_text.txt"
 #: Text-only sentences :func:`write_lm_text` adds to the training transcripts by default. On
 #: the seed-0 corpus a 3-gram of 503,000 sentences cut dev CER of the same acoustic model from
@@ -64,7 +66,7 @@ class _Job:
     seed: int
     sentence_id: str
     text: str
-    speakers: tuple[Speaker, ...]
+    speakers: dict[str, list[Speaker]]
     policy: AugmentPolicy
     sample_rate: int
     path: str
@@ -73,20 +75,20 @@ class _Job:
 def _render(job: _Job) -> dict[str, object]:
     """Render one utterance to ``job.path``; return its manifest line."""
     rng = np.random.default_rng([job.seed, _SPLIT_IDS[job.split], job.index])
-    speaker = job.speakers[int(rng.integers(len(job.speakers)))]
+    speaker = pick_speaker(rng, job.speakers)
     pitch = int(np.clip(speaker.pitch + rng.integers(-8, 9), 0, 100))
     rate = int(np.clip(speaker.rate_wpm + rng.integers(-15, 16), 100, 260))
-    espeak = Espeak.get()
-    raw = espeak.render(
-        job.text,
+    raw, raw_rate = engines.render(
+        speaker.engine,
         speaker.voice,
+        job.text,
         rate_wpm=rate,
         pitch=pitch,
         pitch_range=speaker.pitch_range,
         seed=int(rng.integers(2**31)),
     )
     cond = draw_conditions(rng, job.policy)
-    audio = resample(raw, espeak.sample_rate, job.sample_rate, cond.speed)
+    audio = resample(raw, raw_rate, job.sample_rate, cond.speed)
     audio = apply_conditions(audio, cond, rng, job.sample_rate)
     lead, tail = (
         np.zeros(int(rng.uniform(0.05, 0.3) * job.sample_rate), np.float32) for _ in range(2)
@@ -100,10 +102,14 @@ def _render(job: _Job) -> dict[str, object]:
         "duration": audio.size / job.sample_rate,
         "text": job.text,
         "speaker": speaker.speaker_id,
+        "engine": speaker.engine,
+        "voice": speaker.voice,
         "voice_family": speaker.family,
         "sentence_id": job.sentence_id,
-        "rate_wpm": rate,
-        "pitch": pitch,
+        # what the voice was asked for; None where it speaks at its own rate or pitch
+        "rate_wpm": None if speaker.voice in engines.OWN_RATE_VOICES else rate,
+        "pitch": None if speaker.voice in engines.OWN_PITCH_VOICES else pitch,
+        "source_rate": raw_rate,
         **dataclasses.asdict(cond),
     }
 
@@ -125,45 +131,43 @@ def write_speech_corpus(
     num_train: int = 3000,
     num_dev: int = 200,
     num_test: int = 200,
-    num_family: int = 200,
+    num_heldout: int = 200,
     seed: int = 0,
     sample_rate: int = 16000,
-    held_out_family: str = HELD_OUT_FAMILY,
     workers: int = 1,
     overwrite: bool = False,
     lm_sentences: int = LM_SENTENCES,
 ) -> DemoCorpus:
-    """Render a seeded espeak-ng corpus: ``{train,dev,test,family}.jsonl`` and WAVs under ``audio/``.
+    """Render a seeded corpus: ``{train,dev,test,heldout}.jsonl`` and WAVs under ``audio/``.
 
     Manifest lines hold ``audio_filepath`` (relative to the manifest), ``duration``, ``text``,
-    ``speaker``, ``voice_family``, ``sentence_id`` and the drawn rate, pitch, speed, reverberation
-    time and SNR. No sentence and no speaker is in two splits; dev and test voices are variants
-    never heard in training, and ``family`` speaks with a whole held-out family.
+    ``speaker``, ``engine``, ``voice``, ``voice_family``, ``sentence_id``, the drawn rate and
+    pitch, the engine's sample rate (``source_rate``) and the acoustic conditions
+    (:class:`~asrfit.recipes.speech.augment.Conditions`). No sentence and no speaker is in two
+    splits; dev and test's espeak-ng voices are variants never heard in training, and
+    ``heldout`` speaks with an engine, Festival, that no other split hears.
 
     Args:
         out_dir: Folder to write into; created when missing, must be empty unless ``overwrite``.
-        num_train, num_dev, num_test, num_family: Utterances per split.
+        num_train, num_dev, num_test, num_heldout: Utterances per split.
         seed: Seeds the sentences, the voice split, the speakers and every draw.
         sample_rate: Samples per second of the WAVs. (Default: 16000)
-        held_out_family: The voice family kept for the ``family`` split. (Default: ``klatt``)
         workers: Processes rendering in parallel; the output does not depend on it.
         overwrite: Replace an earlier corpus in ``out_dir``.
         lm_sentences: Text-only sentences written with the training transcripts to
             ``lm_text.txt`` for a language model (:func:`write_lm_text`; 0: no file).
 
     Returns:
-        A :class:`~asrfit.recipes.demo.DemoCorpus` (its ``splits`` include ``family``).
+        A :class:`~asrfit.recipes.demo.DemoCorpus` (its ``splits`` include ``heldout``).
 
     Raises:
-        ConfigError: On a bad count, seed, worker count, family or a non-empty ``out_dir``.
-        AsrfitError: When ``espeakng-loader`` is not installed.
+        ConfigError: On a bad count, seed, worker count or a non-empty ``out_dir``.
+        AsrfitError: When ``espeakng-loader``, flite or Festival is not installed.
     """
-    counts = {"train": num_train, "dev": num_dev, "test": num_test, "family": num_family}
+    counts = {"train": num_train, "dev": num_dev, "test": num_test, "heldout": num_heldout}
     _check(counts, seed, workers)
-    voices = split_voices(seed, held_out_family=held_out_family)
-    from asrfit.recipes.speech.espeak import data_path
-
-    data_path()  # fail early, with the install hint, before any folder is touched
+    engines.require(engines.ENGINES)  # fail early, with the install hint, before any writing
+    voices = split_voices(seed)
     out = Path(out_dir)
     prepare_corpus_folder(out, overwrite, SPEECH_SPLITS, "speech corpus")
     started = time.perf_counter()
@@ -172,7 +176,7 @@ def write_speech_corpus(
     first = 0
     for split in SPEECH_SPLITS:
         (out / "audio" / split).mkdir(parents=True, exist_ok=True)
-        speakers = tuple(voices.speakers(split, seed))
+        speakers = voices.speakers(split, seed)
         policy = TRAIN_POLICY if split == "train" else EVAL_POLICY
         jobs[split] = [
             _Job(
@@ -206,9 +210,10 @@ def write_speech_corpus(
     if lm_sentences:
         write_lm_text(out, seed=seed, extra=lm_sentences)
     characters = "".join(sorted(set("".join(sentences)) | {" "}))
-    corpus = DemoCorpus(str(out), "espeak-ng", seed, sample_rate, characters, splits)
+    name = f"espeak-ng + flite; held out: {HELD_OUT_ENGINE}"
+    corpus = DemoCorpus(str(out), name, seed, sample_rate, characters, splits)
     logger.info(
-        "wrote an espeak-ng corpus to %s in %.1f s: %s",
+        "wrote a speech corpus to %s in %.1f s: %s",
         out,
         time.perf_counter() - started,
         ", ".join(
@@ -224,7 +229,7 @@ def write_lm_text(corpus_dir: Pathlike, *, seed: int = 0, extra: int = LM_SENTEN
 
     The text a language model may learn from, as a speech engineer's in-domain text corpus
     (LibriSpeech's LM text beside its audio): the grammar's next ``extra`` distinct sentences
-    after the corpus's own, so no dev, test or family sentence is among them. One sentence per
+    after the corpus's own, so no dev, test or held-out sentence is among them. One sentence per
     line. Works on a corpus written before this file existed.
 
     Raises:
