@@ -20,6 +20,9 @@ PUBLISHED_HELD_OUT = 0.076
 # On a shared machine a whole round can run 1.3-1.5x slow (the same section); the best of
 # three interleaved rounds drops most of that, and this allowance takes the rest.
 SHARED_MACHINE_ALLOWANCE = 0.124
+# Round medians of one case within this ratio: the rounds agree, the machine was quiet enough.
+QUIET_SPREAD = 1.25
+MAX_CHILD_RUNS = 3
 
 
 @pytest.mark.slow
@@ -35,12 +38,29 @@ def test_predicted_step_times_are_within_the_published_error() -> None:
     # the child imports bench.*: the repository root on its path, beside the package's source
     root = CHILD.parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root)])
-    result = subprocess.run(
-        [sys.executable, str(CHILD), "3", "3", "5"],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    rows: list[dict] = []
+    for _ in range(MAX_CHILD_RUNS):
+        result = subprocess.run(
+            [sys.executable, str(CHILD), "3", "3", "5"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        fresh = json.loads(result.stdout.strip().splitlines()[-1])
+        if not rows:
+            rows = fresh
+        else:  # the same cases timed again: more rounds for each case's best
+            for row, again in zip(rows, fresh, strict=True):
+                assert row["case"] == again["case"]
+                row["round_medians"] += again["round_medians"]
+                row["load"] = [
+                    min(row["load"][0], again["load"][0]),
+                    max(row["load"][1], again["load"][1]),
+                ]
+        # a busy moment slows whole rounds, never speeds one up: where a case's rounds disagree
+        # by more than a quiet machine's spread, its best round may still be a slow one, so
+        # time every case again, until one run's rounds agree (the bound is not widened)
+        if all(max(r["round_medians"]) <= QUIET_SPREAD * min(r["round_medians"]) for r in fresh):
+            break
     errors = []
     for row in rows:
         measured = min(row["round_medians"])  # the best of the interleaved rounds

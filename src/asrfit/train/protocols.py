@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+from asrfit.models.losses import LossFn
+
+if TYPE_CHECKING:  # accelerate, the plan and the config are imported where they are used
+    from accelerate import Accelerator
+
+    from asrfit.plan.plan import Plan
+    from asrfit.train.batching import DataInfo
+    from asrfit.train.config import TrainingConfig
 
 
 class TrainerLike(Protocol):
@@ -15,15 +25,16 @@ class TrainerLike(Protocol):
     modules from importing the trainer that imports them.
     """
 
-    accelerator: Any
+    accelerator: Accelerator
     model: torch.nn.Module
-    optimizer: Any
-    scheduler: Any
-    loss_fn: Any
-    collate_fn: Any
-    config: Any
-    plan: Any
-    info: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None
+    loss_fn: LossFn
+    collate_fn: Callable[[list[Any]], Any]
+    config: TrainingConfig
+    plan: Plan | None
+    info: DataInfo
+    # any map-style dataset and any batch sampler the user passes (None before fit)
     dataset: Any
     sampler: Any
     out_dir: Path | None
@@ -31,7 +42,8 @@ class TrainerLike(Protocol):
     global_step: int
     epoch: int
     batches_in_epoch: int
-    epoch_start_state: Any
+    # the sampler's state_dict() at the epoch's start, where it has one
+    epoch_start_state: dict[str, Any] | None
     epoch_loss_total: float
     epoch_units_total: int
 
