@@ -58,7 +58,7 @@ class Speaker:
         voice: The engine's voice name: ``en-GB-scotland+f3`` (espeak-ng: accent + variant),
             ``awb`` (flite), ``ked_diphone`` (Festival).
         persona: What tells speakers of one voice apart: espeak-ng's accent, or ``dev3`` (the
-            split's initial and a number) for flite and Festival, whose voices have no accents.
+            split's name and a number) for flite and Festival, whose voices have no accents.
         pitch: Base pitch 0-100 (espeak-ng's scale).
         pitch_range: Pitch range 0-100.
         rate_wpm: Base speaking rate, words per minute.
