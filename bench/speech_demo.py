@@ -83,6 +83,11 @@ def ngram_coverage(
     }
 
 
+def _manifest_rows(path: Path) -> list[dict]:
+    """The JSON lines of a manifest (with the fields ``utterances_from`` drops: engine, voice)."""
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+
+
 def _by_engine(refs: list[str], hyps: list[str], engine_of: dict[str, str]) -> dict[str, dict]:
     """Greedy WER and CER per synthesizer (utterances matched to their manifest line by text)."""
     groups: dict[str, tuple[list[str], list[str]]] = {}
@@ -141,9 +146,11 @@ def main() -> None:
     }
     no_lm = BeamDecoder(vocab, beam_width=args.beam_width)
     results: dict[str, dict] = {}
+    refs_of: dict[str, list[str]] = {}
     for split in splits:
         refs, lp = (dev_refs, dev_lp) if split == "dev" else log_probs(split)
-        rows = [json.loads(x) for x in (data / f"{split}.jsonl").read_text().splitlines() if x]
+        rows = _manifest_rows(data / f"{split}.jsonl")
+        refs_of[split] = refs
         engine_of = {r["text"]: r.get("engine", "espeak-ng") for r in rows}
         words = [w for r in refs for w in r.split()]
         t0 = time.perf_counter()
@@ -152,7 +159,6 @@ def main() -> None:
         beams = {name: lm["decoder"].decode(lp) for name, lm in lms.items()}
         t2 = time.perf_counter()
         results[split] = {
-            "refs": refs,
             "utterances": len(refs),
             "minutes": sum(r["duration"] for r in rows) / 60,
             "voices": sorted({r.get("voice", r["speaker"]) for r in rows}),
@@ -171,14 +177,11 @@ def main() -> None:
                 for r, g, b in list(zip(refs, greedy, beams["transcripts"], strict=True))[:3]
             ],
         }
-    refs_of = {split: r["refs"] for split, r in results.items()}
     for name in lms:
         coverage = ngram_coverage(lm_sources[name], refs_of, args.order)
         for split, r in results.items():
             r.setdefault("lm_ngram_coverage", {})[name] = coverage[split]
-    for r in results.values():
-        del r["refs"]
-    train_rows = [json.loads(x) for x in (data / "train.jsonl").read_text().splitlines() if x]
+    train_rows = _manifest_rows(data / "train.jsonl")
     out = {
         "train": {
             "utterances": len(train_rows),

@@ -88,3 +88,11 @@ def test_missing_program_names_it_and_the_packages(monkeypatch: pytest.MonkeyPat
         engines.require([FLITE])
     with pytest.raises(AsrfitError, match=r"text2wave \(festival\)"):
         engines.require([FESTIVAL])
+
+
+def test_the_makefile_installs_the_packages_the_engines_name() -> None:
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text(encoding="utf-8")
+    line = next(x for x in makefile.splitlines() if x.startswith("SPEECH_DEBS :="))
+    assert tuple(line.split(":=", 1)[1].split()) == engines.DEBIAN_PACKAGES

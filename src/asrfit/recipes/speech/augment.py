@@ -150,6 +150,15 @@ def coloured_noise(rng: np.random.Generator, num_samples: int, colour: str) -> n
 _VTLP_WINDOW = 512
 
 
+def _to_length(audio: np.ndarray, size: int) -> np.ndarray:
+    """``audio`` cut or zero-padded to ``size`` samples, as float32 (filters and resampling
+    round the length)."""
+    out = audio[:size]
+    if out.size < size:
+        out = np.pad(out, (0, size - out.size))
+    return out.astype(np.float32)
+
+
 def _warp(freqs: np.ndarray, alpha: float, sample_rate: int) -> tuple[np.ndarray, np.ndarray]:
     """Jaitly and Hinton's piecewise-linear warp: ``(warp(f), inverse_warp(f))`` for ``freqs``."""
     nyquist = sample_rate / 2
@@ -200,10 +209,7 @@ def vtlp(audio: np.ndarray, alpha: float, sample_rate: int) -> np.ndarray:
     _, out = signal.istft(
         magnitude * np.exp(1j * new_phase), sample_rate, nperseg=n, noverlap=n - hop
     )
-    out = out[: audio.size]
-    if out.size < audio.size:
-        out = np.pad(out, (0, audio.size - out.size))
-    return out.astype(np.float32)
+    return _to_length(out, audio.size)
 
 
 def mu_law(audio: np.ndarray, mu: int = 255) -> np.ndarray:
@@ -239,10 +245,7 @@ def band_limit(
         out = signal.sosfiltfilt(sos, audio)
     else:
         raise ValueError(f"channel={channel!r}: choose 'none', 'telephone' or 'lowpass'.")
-    out = out[: audio.size]
-    if out.size < audio.size:
-        out = np.pad(out, (0, audio.size - out.size))
-    return out.astype(np.float32)
+    return _to_length(out, audio.size)
 
 
 def apply_conditions(
@@ -252,7 +255,7 @@ def apply_conditions(
 
     The speech keeps its length.
     """
-    out = vtlp(audio, cond.vtlp_alpha, sample_rate) if cond.vtlp_alpha != 1.0 else audio
+    out = vtlp(audio, cond.vtlp_alpha, sample_rate)
     if cond.rt60_seconds > 0:
         room = room_impulse_response(rng, cond.rt60_seconds, sample_rate)
         out = signal.fftconvolve(out, room)[: audio.size]
