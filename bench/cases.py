@@ -7,13 +7,15 @@ it was written, what it was held out from, and its role in the published figures
   and no rule changed after it; its figures are the benchmark's held-out figures.
 - ``"diagnosis"``: written as held out, then used to find a fix (or the steps the rules were
   written on); reported apart, never as held out.
-- ``"fitted"``: the cases a factor was fitted on.
+- ``"fitted"``: the cases a factor was fitted on (planning: the cases its speed was tuned on).
 
 Memory sets (``benchmark="memory"``) hold :class:`bench._configs.HeldOutCase` steps, compared
 with a plain real CPU step counted at the allocator (``python -m bench memory_accuracy
 --heldout``); step-time sets (``benchmark="step-time"``) hold :class:`bench._grid.Case` steps,
-timed by ``python -m bench step_time_accuracy``. A set's cases never change once it is
-written: a new check is a new set with its own date. Names carry no provenance; the fields do.
+timed by ``python -m bench step_time_accuracy``; planning sets (``benchmark="plan-speed"``)
+hold :class:`PlanCase` plans, timed by ``python -m bench plan_speed``. A set's cases never
+change once it is written: a new check is a new set with its own date. Names carry no
+provenance; the fields do.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class CaseSet:
     """One set of cases, written at one time, with its provenance as fields."""
 
     name: str
-    benchmark: str  # "memory" or "step-time"
+    benchmark: str  # "memory", "step-time" or "plan-speed"
     written: datetime.date
     role: str  # "held out", "diagnosis" or "fitted"
     held_out_from: str  # what the set was kept out of (the rules, fits and cases before it)
@@ -808,6 +810,37 @@ STEP_TIME_FIT = [
 ]
 
 
+@dataclass(frozen=True)
+class PlanCase:
+    """One planning benchmark case: a bundled model on a named GPU, timed by
+    ``python -m bench plan_speed`` (a 20,000-utterance LibriSpeech-like manifest)."""
+
+    model: str
+    gpu: str
+    # the cold wall-time target on a 2-core host, imports included (None: no target set)
+    target_seconds: float | None = None
+    # also plan with every fit refined, the reference the plan must equal
+    compare: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} / {self.gpu}"
+
+
+# The four cases every planner speed-up was measured on.
+PLAN_SPEED_TUNED = [
+    PlanCase("wav2vec2-base", "T4", 9.0),
+    PlanCase("whisper-small", "A10G", 12.0),
+    PlanCase("xls-r-1b", "L4", 12.0),
+    PlanCase("parakeet-tdt-0.6b-v2", "A100-80GB", 15.0),
+]
+
+# Other families and sizes, never planned while the planner's speed was worked on.
+PLAN_SPEED_1 = [
+    PlanCase("hubert-large", "A10G"),
+    PlanCase("whisper-medium", "A100-40GB"),
+]
+
 STEP_TIME_1 = [
     *family_group("hubert", "adafactor", 1.5, 10),
     *family_group("wavlm", "sgd", 1.0, 8),
@@ -978,6 +1011,26 @@ CASE_SETS: dict[str, CaseSet] = {
             "nothing: the step the shortfall was reported on, used to find the rule",
             MEMORY_SCALE_RULES,
         ),
+        # -- planning speed ---------------------------------------------------------------------
+        _set(
+            "plan-speed-tuned",
+            "plan-speed",
+            "2026-11-24",
+            "fitted",
+            "nothing: screening, depth scaling and the trace workers were measured "
+            "and tuned on these four",
+            PLAN_SPEED_TUNED,
+        ),
+        _set(
+            "plan-speed-1",
+            "plan-speed",
+            "2026-11-28",
+            "held out",
+            "the planner's speed work (measured on plan-speed-tuned): other sizes of the "
+            "families, written before either was planned",
+            PLAN_SPEED_1,
+            "20:25",
+        ),
         # -- step time (CPU) --------------------------------------------------------------------
         _set(
             "step-time-fit",
@@ -1063,5 +1116,6 @@ def cases(*names: str) -> list:
 
 
 def sets_of(benchmark: str) -> list[CaseSet]:
-    """The sets of one benchmark (``"memory"`` or ``"step-time"``), oldest first."""
+    """The sets of one benchmark (``"memory"``, ``"step-time"`` or ``"plan-speed"``), oldest
+    first."""
     return [s for s in CASE_SETS.values() if s.benchmark == benchmark]

@@ -1,12 +1,19 @@
-"""How long planning takes, cold and warm, and whether screening keeps the exhaustive plan.
+"""How long planning takes, cold and warm, and whether the plan is the exhaustive search's.
 
-Run: ``python -m bench plan_speed [--model xls-r-1b --gpu L4] [--compare] [--out docs/benchmarks.md]``.
-Each plan runs end to end in a fresh subprocess (profile the manifest, profile the model,
-search): cold (empty simulation cache), then warm (the cache the cold run filled). With
-``--compare``, a third cold run plans with ``exhaustive=True`` (every setup's fit refined)
-and the two plans are compared (setup, bucket edges and limits). Each run reports wall
-seconds, its own CPU seconds (user + system: less sensitive than wall time to other work on
-a shared machine), new simulations, peak resident memory and the load average.
+Run: ``python -m bench plan_speed [--sets plan-speed-tuned plan-speed-1] [--runs 3]
+[--out docs/benchmarks.md]``; ``--model M --gpu G`` plans one other case (printed only).
+
+The cases are data (``bench/cases.py``, the ``plan-speed`` sets, each with the date it was
+written and what it was held out from). Each case plans a 20,000-utterance LibriSpeech-like
+manifest (target batch 32) end to end in a fresh subprocess: profile the manifest, profile
+the model, search. ``--runs`` cold plans, each with an empty simulation cache (the figure is
+their median), then a warm plan on the last cold run's cache, then, where the case says so,
+a cold plan with ``exhaustive=True`` (every setup's fit refined), whose plan (setup, bucket
+edges and limits) the fast plan must equal. Each run reports wall seconds, its own CPU
+seconds and its trace workers' (user + system), new simulations, peak resident memory, and
+the 1-minute load average before it started (other work on a shared machine shows there).
+``--baseline-src`` also plans each case cold with another checkout's package, alternating
+with this one's runs, for a side-by-side ratio.
 """
 
 from __future__ import annotations
@@ -15,15 +22,17 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench._corpora import write_librispeech_like
 from bench._report import write_section
+from bench.cases import PlanCase, case_set, sets_of
 
 PLAN = """
 import json, os, resource, time, logging
@@ -52,6 +61,8 @@ print("RESULT " + json.dumps({{
     "setup": p.setup.describe(), "buckets": [[b.max_seconds, b.batch_size] for b in p.buckets]}}))
 """
 
+UTTERANCES = 20_000
+
 
 def run_once(
     manifest: Path,
@@ -60,128 +71,198 @@ def run_once(
     gpu: str,
     exhaustive: bool = False,
     src: str = "",
-    workers: int | None = None,
 ) -> dict:
+    """Plan once in a fresh interpreter with the simulation cache at ``cache``; the child's
+    RESULT line, with the wall time seen from here and the load average before it started."""
     env = {**os.environ, "ASRFIT_CACHE_DIR": str(cache)}
     if src:  # plan with another checkout's code (e.g. before a change)
         env["PYTHONPATH"] = src
-    if workers is not None:  # trace workers (asrfit.plan.parallel; default: the CPUs, up to 4)
-        env["ASRFIT_TRACE_WORKERS"] = str(workers)
     code = PLAN.format(manifest=str(manifest), model=model, gpu=gpu, exhaustive=exhaustive)
+    load = os.getloadavg()[0]
     started = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout
-    result = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT"))[7:])
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"planning {model} on {gpu} failed:\n{done.stderr[-4000:]}")
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
+    result = json.loads(line[len("RESULT ") :])
     result["wall"] = time.perf_counter() - started
-    result["load"] = os.getloadavg()[0]
+    result["load"] = load
     return result
 
 
-def _row(name: str, r: dict) -> str:
-    children = r.get("child_cpu_seconds", 0.0)
-    return (
-        f"| {name} | {r['wall']:.1f} | {r['cpu_seconds']:.1f} | {children:.1f} | "
-        f"{r['simulations']} | {r['rss_mib']:,.0f} | {r.get('child_rss_mib', 0):,.0f} | "
-        f"{r['load']:.1f} |"
-    )
+def same_plan(a: dict, b: dict) -> bool:
+    """Whether two runs chose the same setup and the same bucket edges and limits."""
+    return a["setup"] == b["setup"] and a["buckets"] == b["buckets"]
+
+
+@dataclass
+class CaseRuns:
+    """Every run of one case."""
+
+    case: PlanCase
+    role: str  # the case set's role: "fitted" or "held out"
+    cold: list[dict] = field(default_factory=list)
+    warm: dict | None = None
+    exhaustive: dict | None = None
+    baseline: list[dict] = field(default_factory=list)
+
+    def median_cold(self) -> dict:
+        """The cold run with the median wall time (the lower median for an even count)."""
+        ordered = sorted(self.cold, key=lambda r: r["wall"])
+        return ordered[(len(ordered) - 1) // 2]
+
+
+def measure(
+    case: PlanCase, role: str, manifest: Path, folder: Path, runs: int, compare: bool, src: str
+) -> CaseRuns:
+    """Plan ``case`` cold ``runs`` times (alternating with the baseline's, if any), warm once
+    and, if asked, exhaustively once."""
+    done = CaseRuns(case, role)
+    slug = f"{case.model}-{case.gpu}"
+    for i in range(runs):
+        done.cold.append(run_once(manifest, folder / f"{slug}-{i}", case.model, case.gpu))
+        if src:
+            cache = folder / f"{slug}-base-{i}"
+            done.baseline.append(run_once(manifest, cache, case.model, case.gpu, src=src))
+    done.warm = run_once(manifest, folder / f"{slug}-{runs - 1}", case.model, case.gpu)
+    if compare and case.compare:
+        cache = folder / f"{slug}-exhaustive"
+        done.exhaustive = run_once(manifest, cache, case.model, case.gpu, exhaustive=True)
+    for other in [*done.cold[1:], done.warm]:
+        if not same_plan(done.cold[0], other):
+            raise SystemExit(f"{case.name}: two runs of the same code chose different plans")
+    return done
+
+
+def _seconds(runs: list[dict]) -> str:
+    walls = sorted(r["wall"] for r in runs)
+    median = statistics.median_low(walls)
+    return f"**{median:.1f}** ({', '.join(f'{w:.1f}' for w in walls)})"
+
+
+def _verdict(done: CaseRuns) -> str:
+    if done.exhaustive is None:
+        return "not compared"
+    return "the same" if same_plan(done.cold[0], done.exhaustive) else "**differs**"
+
+
+def _target(done: CaseRuns) -> str:
+    target = done.case.target_seconds
+    if target is None:
+        return "-"
+    met = statistics.median_low([r["wall"] for r in done.cold]) <= target
+    return f"{target:.0f} ({'met' if met else 'not met'})"
+
+
+def table(results: list[CaseRuns], runs: int) -> list[str]:
+    """The section's table: one row per case."""
+    lines = [
+        f"| case | cases' role | cold wall s, median of {runs} (each run) | CPU s, planner + "
+        "workers | simulations | warm wall s | cold target s | plan vs the exhaustive search "
+        "| peak RSS MiB (worker) | load before |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for done in results:
+        median = done.median_cold()
+        loads = [r["load"] for r in [*done.cold, done.warm]]
+        lines.append(
+            f"| {done.case.name} | {done.role} | {_seconds(done.cold)} | "
+            f"{median['cpu_seconds']:.1f} + {median['child_cpu_seconds']:.1f} | "
+            f"{median['simulations']} | {done.warm['wall']:.1f} | {_target(done)} | "
+            f"{_verdict(done)} | {median['rss_mib']:,.0f} ({median['child_rss_mib']:,.0f}) | "
+            f"{min(loads):.1f}-{max(loads):.1f} |"
+        )
+    return lines
+
+
+def details(results: list[CaseRuns], src: str) -> list[str]:
+    """Each case's plan, the exhaustive search's cost, and the baseline's runs."""
+    lines = []
+    for done in results:
+        plan = done.cold[0]
+        lines.append(f"- {done.case.name}: {plan['setup']}, limits {plan['buckets']}.")
+        if done.exhaustive is not None:
+            e = done.exhaustive
+            lines.append(
+                f"  The exhaustive search: {e['wall']:.1f} s wall, {e['simulations']} simulations."
+            )
+            if not same_plan(plan, e):
+                lines.append(f"  Its plan: {e['setup']}, limits {e['buckets']}.")
+        if done.baseline:
+            ratio = statistics.median_low([r["wall"] for r in done.baseline]) / (
+                statistics.median_low([r["wall"] for r in done.cold])
+            )
+            same = all(same_plan(plan, r) for r in done.baseline)
+            lines.append(
+                f"  Code at {src}, cold: {_seconds(done.baseline)} s wall, "
+                f"{done.baseline[0]['simulations']} simulations, {ratio:.2f}x this code's time, "
+                f"{'the same plan' if same else 'another plan'}."
+            )
+    return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sets = [s.name for s in sets_of("plan-speed")]
+    parser.add_argument("--sets", nargs="+", default=sets, choices=sets)
+    parser.add_argument("--model", help="plan this bundled model instead of the sets' cases")
+    parser.add_argument("--gpu", help="with --model: the GPU's name")
+    parser.add_argument("--runs", type=int, default=3, help="cold plans per case (median)")
+    parser.add_argument("--no-compare", action="store_true", help="skip the exhaustive plans")
+    parser.add_argument("--baseline-src", default="", help="another checkout's src folder")
+    parser.add_argument("--utterances", type=int, default=UTTERANCES)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--utterances", type=int, default=1_000_000)
-    parser.add_argument("--model", default="xls-r-1b")
-    parser.add_argument("--gpu", default="L4")
-    parser.add_argument("--compare", action="store_true", help="also plan exhaustively")
-    parser.add_argument(
-        "--baseline-src",
-        default="",
-        help="also plan cold (and warm) with the asrfit package under this folder (e.g. from "
-        "`git archive <commit> src | tar -x -C /tmp/base`, then /tmp/base/src)",
-    )
-    parser.add_argument("--no-warm", action="store_true", help="skip the warm run")
-    parser.add_argument(
-        "--one-worker",
-        action="store_true",
-        help="also plan cold with every trace in the planning process (ASRFIT_TRACE_WORKERS=1)",
-    )
     args = parser.parse_args()
+    if args.model:
+        if not args.gpu or args.out:
+            parser.error("--model needs --gpu, and its figures are printed, not written")
+        chosen = [(PlanCase(args.model, args.gpu), "not a set's case")]
+    else:
+        chosen = [(c, case_set(name).role) for name in args.sets for c in case_set(name).cases]
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_librispeech_like(Path(tmp) / "train.jsonl", args.utterances)
-        cold = run_once(manifest, Path(tmp) / "cache", args.model, args.gpu)
-        warm = (
-            None if args.no_warm else run_once(manifest, Path(tmp) / "cache", args.model, args.gpu)
-        )
-        full = (
-            run_once(manifest, Path(tmp) / "cache-full", args.model, args.gpu, exhaustive=True)
-            if args.compare
-            else None
-        )
-        single = (
-            run_once(manifest, Path(tmp) / "cache-one", args.model, args.gpu, workers=1)
-            if args.one_worker
-            else None
-        )
-        base = (
-            run_once(
-                manifest, Path(tmp) / "cache-base", args.model, args.gpu, src=args.baseline_src
+        for case, role in chosen:
+            print(f"planning {case.name} ...", file=sys.stderr, flush=True)
+            results.append(
+                measure(
+                    case,
+                    role,
+                    manifest,
+                    Path(tmp),
+                    args.runs,
+                    not args.no_compare,
+                    args.baseline_src,
+                )
             )
-            if args.baseline_src
-            else None
-        )
-        base_warm = (
-            run_once(
-                manifest, Path(tmp) / "cache-base", args.model, args.gpu, src=args.baseline_src
-            )
-            if args.baseline_src and not args.no_warm
-            else None
-        )
-    command = f"python -m bench plan_speed --model {args.model} --gpu {args.gpu}"
-    command += " --compare" * args.compare + " --no-warm" * args.no_warm
-    command += " --one-worker" * args.one_worker
-    if args.baseline_src:
-        command += f" --baseline-src {args.baseline_src}"
+    command = "python -m bench plan_speed"
+    if args.model:
+        command += f" --model {args.model} --gpu {args.gpu}"
+    elif args.sets != sets:
+        command += " --sets " + " ".join(args.sets)
+    command += f" --runs {args.runs}" * (args.runs != 3) + " --no-compare" * args.no_compare
+    command += f" --baseline-src {args.baseline_src}" * bool(args.baseline_src)
+    command += f" --utterances {args.utterances}" * (args.utterances != UTTERANCES)
     lines = [
-        f"Command: `{command} --utterances {args.utterances}` ({date.today()}, {os.cpu_count()} "
-        f"CPUs, {platform.processor() or platform.machine()}, no GPU).",
+        f"Command: `PYTHONPATH=src .venv/bin/python -m bench {command.removeprefix('python -m bench ')}"
+        + (" --out docs/benchmarks.md`" if args.out else "`"),
         "",
-        f"Planning {args.model} on a {args.gpu} for a {args.utterances:,}-utterance "
-        "LibriSpeech-like manifest, end to end in a fresh process. CPU seconds are the "
-        "planning process's own, child CPU seconds its trace workers' "
-        "(`asrfit.plan.parallel`); peak RSS is the planning process's and its largest "
-        "worker's; load is the 1-minute load average after the run.",
+        f"Host: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, no GPU. "
+        f"Each case plans a {args.utterances:,}-utterance LibriSpeech-like manifest at target "
+        "batch 32, end to end in a fresh process: importing the planner, profiling the "
+        "manifest and the model, tracing, searching. Cold: an empty simulation cache; warm: "
+        "the cache the last cold run filled. CPU seconds are the median run's, the planning "
+        "process's own and its trace workers' (`asrfit.plan.parallel`). The cases' role is "
+        "their set's in `bench/cases.py`: *fitted* where the planner's speed-ups were "
+        "measured and tuned on them, *held out* where they were never planned before the set "
+        "was written. The cold targets are for this 2-core host, imports included.",
         "",
-        "| run | wall s | CPU s | child CPU s | new simulations | peak RSS MiB | worker peak RSS MiB | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-        _row("cold (empty simulation cache)", cold),
+        *table(results, args.runs),
+        "",
+        "Plans (setup, then each bucket's longest utterance in seconds and batch limit):",
+        "",
+        *details(results, args.baseline_src),
     ]
-    if warm is not None:
-        lines.append(_row("warm (cache filled by the cold run)", warm))
-    if full is not None:
-        lines.append(_row("cold, exhaustive search (every fit refined)", full))
-    if single is not None:
-        lines.append(_row("cold, one process (no trace workers)", single))
-    if base is not None:
-        lines.append(_row(f"cold, code at {args.baseline_src}", base))
-    if base_warm is not None:
-        lines.append(_row(f"warm, code at {args.baseline_src}", base_warm))
-    lines += ["", f"Plan: {cold['setup']}, limits {cold['buckets']}."]
-    if full is not None:
-        same = full["setup"] == cold["setup"] and full["buckets"] == cold["buckets"]
-        lines.append(
-            f"Exhaustive plan: {'the same' if same else full['setup'] + ', ' + str(full['buckets'])}."
-        )
-    if single is not None:
-        same = single["setup"] == cold["setup"] and single["buckets"] == cold["buckets"]
-        lines.append(
-            f"One-process plan: {'the same' if same else single['setup'] + ', ' + str(single['buckets'])}."
-        )
-    if base is not None:
-        same = base["setup"] == cold["setup"] and base["buckets"] == cold["buckets"]
-        lines.append(
-            f"Baseline plan: {'the same' if same else base['setup'] + ', ' + str(base['buckets'])}."
-        )
     text = "\n".join(lines)
     print(text)
     if args.out:

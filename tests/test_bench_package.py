@@ -203,7 +203,7 @@ def test_case_sets_carry_their_dates_and_do_not_repeat_cases() -> None:
         assert case_set.name == name and case_set.cases and case_set.held_out_from
         assert case_set.role in ("held out", "diagnosis", "fitted")
         assert case_set.written.year >= 2026
-    for benchmark in ("memory", "step-time"):
+    for benchmark in ("memory", "step-time", "plan-speed"):
         names = [
             getattr(c, "name", None)
             for s in CASE_SETS.values()
