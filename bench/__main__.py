@@ -23,7 +23,7 @@ HEADLINE: tuple[tuple[str, ...], ...] = (
     ("plan_speed", "--out", "docs/benchmarks.md"),
     ("step_time_accuracy", "--out", "docs/benchmarks.md"),
     ("host_allocator", "--out", "docs/benchmarks.md"),
-    ("profile_speed",),
+    ("profile_speed", "--out", "docs/benchmarks.md"),
     ("demo_training", "--out", "docs/benchmarks.md"),
     # Last: the "Current figures" table, read from the sections the steps above wrote.
     ("current_figures", "--out", "docs/benchmarks.md"),

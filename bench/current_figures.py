@@ -205,6 +205,16 @@ def plan_speed(section: Section) -> list[Figure]:
     return figures
 
 
+def profile_speed(section: Section) -> list[Figure]:
+    """Profiling a big manifest: wall seconds per reader."""
+    m = search(section, r"on a (?P<n>[\d,]+)-line JSONL manifest", "manifest size")
+    figures = []
+    for row in find_table(section, "reader"):
+        metric = f"Profiling a {m['n']}-line manifest, {row[0]} reader, wall s"
+        figures.append(Figure(metric, bare(row[1]), MEASURED, section.name))
+    return figures
+
+
 def simulator_speed(section: Section) -> list[Figure]:
     """Simulating one step of XLS-R 1B: wall time."""
     m = search(section, r"wall time: \*\*(?P<s>[\d.]+ s)\*\*", "'wall time' line")
@@ -432,6 +442,7 @@ PARSERS: tuple[tuple[str, Callable[[Section], list[Figure]]], ...] = (
     ("step-time-accuracy-cpu", step_time_cpu),
     ("simulator-speed", simulator_speed),
     ("plan-speed", plan_speed),
+    ("profile-speed", profile_speed),
     ("sampler-efficiency", sampler),
     ("demo-training", demo_training),
     ("speech-demo", speech_demo),

@@ -1,6 +1,7 @@
 """Time ``DatasetProfile.from_manifest`` on a synthetic 10^6-line manifest.
 
-Run: ``PYTHONPATH=src .venv/bin/python -m bench profile_speed [--lines 1000000]``
+Run: ``PYTHONPATH=src .venv/bin/python -m bench profile_speed [--lines 1000000]
+[--out docs/benchmarks.md]``
 
 The manifest points at 10 real WAV files (so the header sample finds its audio) and every
 line has a ``duration``. Both readers are timed: the pyarrow fast path (used whenever
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
@@ -20,6 +22,9 @@ from unittest import mock
 
 from asrfit.profiles.dataset import DatasetProfile
 from asrfit.testing.dummies import write_dummy_audio
+from bench._report import write_section
+
+SECTION = "profile-speed"
 
 
 def write_big_manifest(folder: Path, num_lines: int, seed: int = 0) -> Path:
@@ -40,16 +45,17 @@ def write_big_manifest(folder: Path, num_lines: int, seed: int = 0) -> Path:
 
 
 def main() -> None:
-    """Write the manifest, profile it with each reader and print the timings."""
+    """Write the manifest, profile it with each reader, print the timings (and write them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--out", type=Path, default=None, help="write the section here")
     args = parser.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         path = write_big_manifest(Path(tmp), args.lines)
-        print(
-            f"wrote {args.lines:,} lines ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s"
-        )
+        mib = path.stat().st_size / 2**20
+        print(f"wrote {args.lines:,} lines ({mib:.0f} MiB) in {time.perf_counter() - start:.1f} s")
         for label in ("pyarrow", "python"):
             # the pure-Python reader is the one asrfit falls back to when pyarrow is not
             # importable: hide pyarrow from the import system for that run
@@ -58,10 +64,32 @@ def main() -> None:
                 start = time.perf_counter()
                 profile = DatasetProfile.from_manifest(path)
                 elapsed = time.perf_counter() - start
-            print(
+            line = (
                 f"{label:8s} reader: {elapsed:.2f} s for {profile.num_utterances:,} utterances "
                 f"({profile.total_hours:,.1f} h, p95 {profile.duration_p95_seconds:.2f} s)"
             )
+            print(line)
+            rows.append(f"| {label} | {elapsed:.2f} | {profile.num_utterances:,} |")
+    if args.out:
+        command = "PYTHONPATH=src .venv/bin/python -m bench profile_speed"
+        command += f" --lines {args.lines}" * (args.lines != 1_000_000)
+        body = "\n".join(
+            [
+                "## Profiling a manifest",
+                "",
+                f"Command: `{command} --out docs/benchmarks.md`",
+                "",
+                f"`DatasetProfile.from_manifest` on a {args.lines:,}-line JSONL manifest "
+                f"({mib:.0f} MiB, every line with a duration; the header sample reads 10 short "
+                f"WAV files), wall seconds, {os.cpu_count()} CPUs. The pyarrow reader is used "
+                "whenever pyarrow is importable; the line-by-line reader is the fallback.",
+                "",
+                "| reader | seconds | utterances |",
+                "|---|---:|---:|",
+                *rows,
+            ]
+        )
+        write_section(args.out, SECTION, body)
 
 
 if __name__ == "__main__":
