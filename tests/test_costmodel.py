@@ -78,7 +78,7 @@ def test_setup_max_batch_is_the_largest_reserved_fit_found_by_a_scan() -> None:
 
     from asrfit.memory.setup import Setup
     from asrfit.plan.checkpointing import _LineOrFloor
-    from asrfit.plan.costs import SetupCosts
+    from asrfit.plan.setup_costs import SetupCosts
 
     rng = random.Random(0)
     mib = 1 << 20

@@ -72,7 +72,7 @@ def _loop_cost(b: int, t: int, u: int) -> StepCost:
 @pytest.mark.parametrize("gpu", [False, True])
 def test_step_time_parts_follow_a_loop_whose_kernel_count_does_not_grow_with_the_batch(gpu) -> None:
     from asrfit.memory.setup import Setup
-    from asrfit.plan.costs import SetupCosts
+    from asrfit.plan.setup_costs import SetupCosts
     from asrfit.plan.speed import predict_step_seconds
     from asrfit.profiles.gpus.catalog import find_gpu
     from asrfit.profiles.rates import gpu_rates

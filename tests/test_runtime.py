@@ -304,7 +304,7 @@ def test_loader_rate_is_audio_over_decode_plus_features(tmp_path) -> None:  # no
 
 def test_planner_step_time_fit_reproduces_the_roofline_at_traced_shapes() -> None:
     from asrfit.memory.fit.costmodel import fit_peak_model  # noqa: F401  (the fit used inside)
-    from asrfit.plan.costs import SetupCosts
+    from asrfit.plan.setup_costs import SetupCosts
     from asrfit.plan.speed import predict_step_seconds
 
     rates = _cpu_rates()

@@ -37,6 +37,7 @@ from asrfit.memory.setup import Precision, Setup
 from asrfit.memory.simulate import simulate_step
 from asrfit.memory.step import BatchShape
 from asrfit.memory.trace.tracker import round_block
+from asrfit.plan.costs import coarse_shapes
 
 
 @dataclass
@@ -235,6 +236,62 @@ def study(model: str, precision: Precision, base: BatchShape) -> dict:
     return result
 
 
+def study_planner(model: str, precision: Precision, max_input: int, labels_per_unit: float) -> dict:
+    """The planner's case: its four coarse shapes (``asrfit.plan.costs.coarse_shapes``, labels
+    by rate) fix each block as ``B^a x F(T)`` at their three lengths; its refinement shapes
+    are other batches at those same lengths. Predict three such shapes and check them."""
+    adapter, _ = resolve_adapter(model)
+    setup = Setup(precision=precision)
+
+    def shape(b: int, t: int) -> BatchShape:
+        return BatchShape(b, t, max(1, round(t * labels_per_unit)))
+
+    t = max_input
+    coarse = {(b, n): shape(b, n) for b, n in coarse_shapes(t)}
+    checks = {(5, t // 4): shape(5, t // 4), (3, t // 2): shape(3, t // 2), (6, t): shape(6, t)}
+    started = time.process_time()
+    tapes = {key: record(adapter, s, setup) for key, s in {**coarse, **checks}.items()}
+    seconds = (time.process_time() - started) / len(tapes)
+    first = tapes[(1, t)]
+    aligned = all(tape.events == first.events for tape in tapes.values())
+    result = {
+        "model": model,
+        "precision": precision.value,
+        "mode": "planner shapes",
+        "blocks": len(first.nbytes),
+        "cpu_s_per_trace": round(seconds, 2),
+        "aligned": aligned,
+    }
+    if not aligned:
+        result["events_per_trace"] = {str(k): len(v.events) for k, v in tapes.items()}
+        return result
+    # per block: a from (1, t) and (2, t); F at each length from the coarse trace there
+    powers: list[int | None] = []
+    for i in range(len(first.nbytes)):
+        one, two = tapes[(1, t)].nbytes[i], tapes[(2, t)].nbytes[i]
+        powers.append(0 if one == two else 1 if two == 2 * one else None)
+    seen = {t // 4: (1, tapes[(1, t // 4)]), t // 2: (2, tapes[(2, t // 2)]), t: (1, first)}
+    result["blocks_not_linear_in_batch"] = sum(a is None for a in powers)
+    for (b, n), real in ((k, tapes[k]) for k in checks):
+        at_b, tape = seen[n]
+        predicted = []
+        for i, a in enumerate(powers):
+            if a is None or tape.nbytes[i] % (at_b**a):
+                predicted.append(tape.nbytes[i])  # no rule: keep what was seen
+            else:
+                predicted.append(tape.nbytes[i] // at_b**a * b**a)
+        wrong = sum(x != y for x, y in zip(predicted, real.nbytes, strict=True))
+        replayed = replay_peak(real, predicted)
+        result[f"check {b}x{n}"] = {
+            "blocks_wrong": wrong,
+            "replayed_peak": replayed,
+            "simulator_peak": real.peak,
+            "real_replayed_peak": replay_peak(real, real.nbytes),
+            "error": (replayed - real.peak) / real.peak,
+        }
+    return result
+
+
 def _product(options: list[set[int]]) -> list[tuple[int, ...]]:
     out: list[tuple[int, ...]] = [()]
     for values in options:
@@ -249,16 +306,32 @@ DEFAULT_BASES = {
     "conformer-ctc-small": BatchShape(2, 200, 12),
     "parakeet-ctc-0.6b": BatchShape(2, 400, 12),
 }
+# The planner's longest input (24.5 s: the LibriSpeech-like manifest's) and labels per input
+# unit (15.5 characters per second), per model's input units.
+PLANNER_SHAPES = {
+    "wav2vec2-base": (392_000, 15.5 / 16_000),
+    "hubert-large": (392_000, 15.5 / 16_000),
+    "whisper-small": (3_000, 15.5 / 100),
+    "conformer-ctc-small": (2_450, 15.5 / 100),
+    "parakeet-ctc-0.6b": (2_450, 15.5 / 100),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_BASES))
     parser.add_argument("--precision", default="fp16", choices=[p.value for p in Precision])
+    parser.add_argument(
+        "--planner", action="store_true", help="the planner's coarse and refinement shapes"
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     for model in args.models:
-        print(study(model, Precision(args.precision), DEFAULT_BASES[model]), flush=True)
+        if args.planner:
+            result = study_planner(model, Precision(args.precision), *PLANNER_SHAPES[model])
+        else:
+            result = study(model, Precision(args.precision), DEFAULT_BASES[model])
+        print(result, flush=True)
 
 
 if __name__ == "__main__":

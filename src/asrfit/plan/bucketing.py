@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from asrfit.memory.setup import Precision
-from asrfit.plan.costs import SetupCosts
 from asrfit.plan.cpu_rate import measured_cpu_tflops
 from asrfit.plan.plan import Bucket
+from asrfit.plan.setup_costs import SetupCosts
 from asrfit.plan.speed import predict_step_seconds
 from asrfit.profiles.host import device_rates
 

@@ -29,7 +29,7 @@ from asrfit.errors import ConfigError
 from asrfit.memory.cache import cached_model_fact
 from asrfit.memory.fit.costmodel import PeakModel, lerp_models
 from asrfit.memory.setup import Setup
-from asrfit.plan.costs import SetupCosts
+from asrfit.plan.setup_costs import SetupCosts
 from asrfit.plan.speed import set_step_time_fit, step_time_fit
 
 logger = logging.getLogger(__name__)

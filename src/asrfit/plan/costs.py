@@ -20,18 +20,18 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from asrfit.memory.cache import cache_key, cached, is_cached
-from asrfit.memory.cuda.allocator import peak_within, reserved_of_fitted_peak
 from asrfit.memory.cuda.zero import gradient_bytes, offloaded_bytes, shard_breakdown
 from asrfit.memory.fit.costmodel import PeakModel, fit_peak_model
 from asrfit.memory.setup import OptimizerKind, Setup
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory
 from asrfit.memory.steptime.roofline import StepCost
 from asrfit.plan.parallel import map_forked, trace_workers
+from asrfit.plan.setup_costs import SetupCosts
 
 #: A simulation as :meth:`CostEstimator._simulate` asks for it:
 #: ``(batch, setup, optimizer_step, forward_backward)``.
@@ -54,111 +54,18 @@ def scaled_step(*args: Any, **kwargs: Any) -> StepMemory:
     return trace(*args, **kwargs)
 
 
-@dataclass
-class SetupCosts:
-    """Memory and compute of one setup as functions of the batch shape."""
-
-    setup: Setup
-    # steady forward/backward peak, unsharded; classic segments' rounding included where the
-    # run uses them (CostEstimator._overhead)
-    memory: PeakModel
-    optimizer_peak_bytes: int  # steady optimizer-phase peak (segments likewise), unsharded
-    model_state_bytes: int  # parameters + gradients + optimizer state, unsharded
-    sharded_state_bytes: int  # the same after ZeRO/DDP
-    flops: PeakModel  # FLOPs of forward + backward
-    architecture: str | None = None
-    expandable_segments: bool = True
-    # (B, T, U, forward + backward kernels) of each traced shape, and the optimizer step's
-    # kernels: the step-time model's inputs (asrfit.plan.speed)
-    time_points: list[tuple[int, int, int, StepCost]] = field(default_factory=list)
-    optimizer_cost: StepCost | None = None
-    offloaded_bytes: int = 0  # model states CPU offload keeps in host memory, per process
-
-    def traced_peak(self, batch_size: int, input_length: int, label_length: int) -> float:
-        """Predicted traced peak (allocated before workspaces) per device."""
-        peak = max(
-            self.memory.predict(batch_size, input_length, label_length),
-            float(self.optimizer_peak_bytes),
-        )
-        return peak - self.model_state_bytes + self.sharded_state_bytes
-
-    def reserved_bytes(self, batch_size: int, input_length: int, label_length: int) -> int:
-        """Predicted ``max_memory_reserved`` per device (see :mod:`asrfit.memory.cuda.allocator`)."""
-        peak = int(self.traced_peak(batch_size, input_length, label_length))
-        arch, expandable = self.architecture, self.expandable_segments
-        return reserved_of_fitted_peak(peak, architecture=arch, expandable_segments=expandable)
-
-    def max_batch(
-        self, usable_bytes: int, input_length: int, label_length: int, cap: int = 4096
-    ) -> int:
-        """Largest batch whose predicted reserved bytes stay within ``usable_bytes`` (0 if none)."""
-        key = (usable_bytes, input_length, label_length, cap)
-        known = self.__dict__.setdefault("_max_batches", {})  # a plan asks each shape many times
-        if key not in known:
-            known[key] = self._max_batch(*key)
-        return known[key]
-
-    def _max_batch(self, usable_bytes: int, input_length: int, label_length: int, cap: int) -> int:
-        def fits(b: int) -> bool:
-            return self.reserved_bytes(b, input_length, label_length) <= usable_bytes
-
-        if not fits(1):
-            return 0
-        # lo fits, hi does not (or is past the cap); both narrowed from a first guess, the
-        # batch at which the activations' peak, linear in the batch, meets the budget's peak
-        # (the optimizer phase's, constant, fits: batch 1 does)
-        lo, hi = 1, cap + 1
-        first = self.memory.predict(1, input_length, label_length)
-        slope = self.memory.predict(2, input_length, label_length) - first
-        base = first - self.model_state_bytes + self.sharded_state_bytes
-        room = peak_within(
-            usable_bytes,
-            architecture=self.architecture,
-            expandable_segments=self.expandable_segments,
-        )
-        guess = min(max(1 + int((room - base) // slope) if slope > 0 else cap, 1), cap)
-        guess_fits = fits(guess)
-        if not guess_fits:
-            # a peak that grows faster at larger batches (partial checkpointing's model, the
-            # larger of two lines): guess again along the chord from batch 1 to the miss
-            hi = guess
-            one = self.traced_peak(1, input_length, label_length)
-            rise = self.traced_peak(guess, input_length, label_length) - one
-            guess = 1 + int((room - one) * (guess - 1) // rise) if rise > 0 else 1
-            guess = min(max(guess, 1), hi - 1)
-            guess_fits = fits(guess)
-        step = 1
-        if guess_fits:  # gallop up from the guess
-            lo = guess
-            while lo + step < hi and fits(lo + step):
-                lo, step = lo + step, step * 2
-            hi = min(hi, lo + step)
-        else:  # gallop down from it
-            hi = guess
-            while hi - step > 1 and not fits(hi - step):
-                hi, step = hi - step, step * 2
-            lo = max(1, hi - step)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-
-def _fit_shapes(max_input_length: int) -> list[tuple[int, int]]:
+def coarse_shapes(max_input_length: int) -> list[tuple[int, int]]:
     """Coarse (batch, length) shapes for a first fit."""
     t = max_input_length
     return [(1, t // 4), (1, t), (2, t // 2), (2, t)]
 
 
-COARSE_TRACES = 4  # shapes of _fit_shapes
-MAX_REFINE_TRACES = 6  # two batches at three lengths
+COARSE_TRACES = 4  # shapes of coarse_shapes
+MAX_REFINE_TRACES = 7  # two batches at three lengths, and a check at the batch cap
 _REFINE_MAX_BATCH = 512
 _NEAR_BUDGET = 0.4  # points above this share of the budget decide the final fit
-# A length whose first fit allows this many times the batch cap is not refined: the cap, not
-# memory, sets its limit (the first fit would have to overstate the room twice over)
+# A length whose fit allows this many times the batch cap is not refined: the cap, not memory,
+# sets its limit. The fit is checked first by a trace at the cap (CostEstimator._cap_holds).
 CAP_MARGIN = 2
 
 
@@ -336,25 +243,92 @@ class CostEstimator:
                         (b, t, u, step.cost.select(("forward", "backward")))
                     )
 
-            trace([shape(b, t) for b, t in _fit_shapes(max_input_length)])
+            trace([shape(b, t) for b, t in coarse_shapes(max_input_length)])
             memory = fit_peak_model(points)
             if budget_bytes is not None:
                 # Refine where the planner decides: the largest batch that fits at three
                 # lengths, and half of it; then fit on the points near the budget.
-                refine = []
-                for t in (max_input_length // 4, max_input_length // 2, max_input_length):
-                    u = max(1, round(t * labels_per_step))
-                    b = min(memory.max_batch(budget_bytes, t, u), _REFINE_MAX_BATCH)
-                    if batch_cap is not None and b >= CAP_MARGIN * batch_cap:
-                        if self.progress is not None:
-                            self.progress.skip(2)  # the two refinement traces of this length
-                        continue
-                    refine += [shape(batch, t) for batch in sorted({b, b // 2} - {0, 1, 2})]
+                lengths = (max_input_length // 4, max_input_length // 2, max_input_length)
+                batches = {
+                    t: self._first_guess(memory, budget_bytes, t, labels_per_step) for t in lengths
+                }
+                capped = [
+                    t
+                    for t in lengths
+                    if batch_cap is not None and batches[t] >= CAP_MARGIN * batch_cap
+                ]
+                if capped and not self._cap_holds(
+                    capped,
+                    batch_cap,
+                    points,
+                    flop_points,
+                    key,
+                    trace,
+                    shape,
+                    budget_bytes,
+                    labels_per_step,
+                ):
+                    capped = []  # refined as the exhaustive search refines them
+                if self.progress is not None:
+                    self.progress.skip(2 * len(capped))  # two refinement traces per length
+                refine = [
+                    shape(batch, t)
+                    for t in lengths
+                    if t not in capped
+                    for batch in sorted({batches[t], batches[t] // 2} - {0, 1, 2})
+                ]
                 trace(refine)
                 near = [p for p in points if p[3] >= _NEAR_BUDGET * budget_bytes]
                 memory = fit_peak_model(near if len(near) >= 4 else points, never_under=True)
             self._fits[key] = (memory, fit_peak_model(flop_points))
         return self._fits[key]
+
+    @staticmethod
+    def _first_guess(memory: PeakModel, budget_bytes: int, t: int, labels_per_step: float) -> int:
+        """The largest batch the first (coarse) fit allows at length ``t``, up to 512."""
+        u = max(1, round(t * labels_per_step))
+        return min(memory.max_batch(budget_bytes, t, u), _REFINE_MAX_BATCH)
+
+    def _cap_holds(
+        self,
+        capped: list[int],
+        batch_cap: int,
+        points: list[tuple[int, int, int, int]],
+        flop_points: list[tuple[int, int, int, int]],
+        key: tuple,
+        trace: Any,
+        shape: Any,
+        budget_bytes: int,
+        labels_per_step: float,
+    ) -> bool:
+        """Whether the lengths ``capped`` (where the first fit allows ``CAP_MARGIN`` times the
+        cap) still do once the cap is traced at the longest of them.
+
+        The first fit rests on batches of 1 and 2, where the peak may sit where few
+        activations are live (the model states at the end of backward, with most layers
+        checkpointed), so its slope in the batch can be far too small. The trace at the cap
+        shows the peak where the plan runs. The lengths stay unrefined when the chord from
+        the smallest traced batch at that length to the cap, continued to ``CAP_MARGIN``
+        times the cap, stays within the budget, and the fit with that trace in it (never
+        under a traced point) still allows the cap at every one of them; the trace then
+        stays in the fit. If not, it is dropped again (points, FLOPs and step-time points)
+        and the lengths are refined as the exhaustive search refines them, so that the two
+        plans agree.
+        """
+        marks = len(points), len(flop_points), len(self._time_points.get(key, []))
+        check = shape(min(batch_cap, _REFINE_MAX_BATCH), max(capped))
+        trace([check])
+        b, t, _, peak = points[-1]
+        low_b, low_peak = min((p[0], p[3]) for p in points[:-1] if p[1] == t)
+        beyond = peak + (peak - low_peak) * (CAP_MARGIN - 1) * b / max(b - low_b, 1)
+        checked = fit_peak_model(points, never_under=True)
+        if beyond <= budget_bytes and all(
+            self._first_guess(checked, budget_bytes, length, labels_per_step) >= batch_cap
+            for length in capped
+        ):
+            return True
+        del points[marks[0] :], flop_points[marks[1] :], self._time_points[key][marks[2] :]
+        return False
 
     def _overhead(self, step: StepMemory) -> int:
         """Classic segments' rounding at a traced peak, fitted; expandable segments' pages step
@@ -374,7 +348,7 @@ class CostEstimator:
         requests: list[Request] = [
             (self._shape(b, t, labels_per_step), _activation_base(setup), False, True)
             for setup in setups
-            for b, t in _fit_shapes(max_input_length)
+            for b, t in coarse_shapes(max_input_length)
         ]
         requests += [self._optimizer_request(setup) for setup in setups]
         self.prefetch(requests)

@@ -41,8 +41,9 @@ from asrfit.plan.bucketing import (
     bucket_edges,
     plan_buckets,
 )
-from asrfit.plan.costs import CostEstimator, SetupCosts
+from asrfit.plan.costs import CostEstimator
 from asrfit.plan.plan import Bucket
+from asrfit.plan.setup_costs import SetupCosts
 from asrfit.plan.speed import StepTimeFit, set_step_time_fit, step_time_fit
 from asrfit.profiles.host import device_rates
 

@@ -14,8 +14,8 @@ checkpointing, frozen encoder: the optimizers differ only by their optimizer tra
 
 The refined setups are planned exactly as the exhaustive search plans them (the same
 traces, the same fits), so the winner's buckets are the exhaustive search's whenever the
-winner is refined; ``python -m bench plan_speed --compare`` and ``tests/test_plan_screen.py``
-check the winner against the exhaustive search.
+winner is refined; ``python -m bench plan_speed`` (each case against its exhaustive plan)
+and ``tests/test_plan_screen.py`` check the winner against the exhaustive search.
 """
 
 from __future__ import annotations

@@ -41,13 +41,14 @@ from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.plan.assemble import Candidate, Choice, assemble_plan
 from asrfit.plan.bucketing import plan_buckets
 from asrfit.plan.checkpointing import MAX_LAYER_EVALUATIONS, choose_layers, encoder_layers_of
-from asrfit.plan.costs import COARSE_TRACES, MAX_REFINE_TRACES, CostEstimator, SetupCosts
+from asrfit.plan.costs import COARSE_TRACES, MAX_REFINE_TRACES, CostEstimator
 from asrfit.plan.inputs import PlanInputs, check_request, plan_inputs
 from asrfit.plan.label_buckets import LABEL_TRACES, SHORTLIST, choose_across
 from asrfit.plan.plan import Plan
 from asrfit.plan.progress import TraceProgress
 from asrfit.plan.proposals import Shape, nothing_fits_proposals
 from asrfit.plan.screen import refined
+from asrfit.plan.setup_costs import SetupCosts
 from asrfit.profiles.host import device_rates
 
 logger = logging.getLogger(__name__)
