@@ -7,6 +7,17 @@ each storage's size is an exact function of (B, T, U) found from a few traces, t
 peaks could be replayed from that tape instead of traced. Does that hold for the planner's
 models, and how many traces pin the functions down?
 
+Answer: not as recorded. From batch 2 on, every trace of one setup (wav2vec2-base,
+hubert-large, conformer-ctc-small; fp16, the planner's lengths at batches 2-6) has the same
+number of allocation and free events, but not in the same order, so the tapes do not align
+event by event; batch 1 takes another path (two events fewer in wav2vec2-base and
+conformer-ctc-small; hubert-large's batch-1 traces differ by length too). Not yet explained:
+one candidate is the cyclic collector, which frees fake tensors held in reference cycles at
+moments set by allocation counts. A replay needs a canonical order first (collect cycles at
+fixed points of the trace, or align by op sequence), and the planner's coarse traces at
+batch 1 would have to move to batch 2. Measured with ``--planner`` and the default mode
+(docs/history.md, "Finished investigations").
+
 Method: each model is traced (``simulate_step``, one step, forward and backward, no optimizer
 step: the planner's activation trace) at a base shape, one shape with another batch, one with
 other labels, and three with other input lengths; then at two check shapes that differ from
@@ -248,29 +259,33 @@ def study_planner(model: str, precision: Precision, max_input: int, labels_per_u
 
     t = max_input
     coarse = {(b, n): shape(b, n) for b, n in coarse_shapes(t)}
+    # batch 1 may take another path than larger batches: the same lengths at batch 2 and 4
+    fit = {(2, t // 4): shape(2, t // 4), (2, t // 2): shape(2, t // 2), (4, t): shape(4, t)}
     checks = {(5, t // 4): shape(5, t // 4), (3, t // 2): shape(3, t // 2), (6, t): shape(6, t)}
     started = time.process_time()
-    tapes = {key: record(adapter, s, setup) for key, s in {**coarse, **checks}.items()}
+    every = {**coarse, **fit, **checks}
+    tapes = {key: record(adapter, s, setup) for key, s in every.items()}
     seconds = (time.process_time() - started) / len(tapes)
-    first = tapes[(1, t)]
-    aligned = all(tape.events == first.events for tape in tapes.values())
+    first = tapes[(2, t)]
+    events = {str(k): len(v.events) for k, v in tapes.items()}
+    aligned = all(tape.events == first.events for k, tape in tapes.items() if k[0] >= 2)
     result = {
         "model": model,
         "precision": precision.value,
         "mode": "planner shapes",
         "blocks": len(first.nbytes),
         "cpu_s_per_trace": round(seconds, 2),
-        "aligned": aligned,
+        "events_per_trace": events,
+        "aligned_from_batch_2": aligned,
     }
     if not aligned:
-        result["events_per_trace"] = {str(k): len(v.events) for k, v in tapes.items()}
         return result
-    # per block: a from (1, t) and (2, t); F at each length from the coarse trace there
+    # per block: a from (2, t) and (4, t); F at each length from a batch-2 trace there
     powers: list[int | None] = []
     for i in range(len(first.nbytes)):
-        one, two = tapes[(1, t)].nbytes[i], tapes[(2, t)].nbytes[i]
-        powers.append(0 if one == two else 1 if two == 2 * one else None)
-    seen = {t // 4: (1, tapes[(1, t // 4)]), t // 2: (2, tapes[(2, t // 2)]), t: (1, first)}
+        two, four = first.nbytes[i], tapes[(4, t)].nbytes[i]
+        powers.append(0 if two == four else 1 if four == 2 * two else None)
+    seen = {t // 4: (2, tapes[(2, t // 4)]), t // 2: (2, tapes[(2, t // 2)]), t: (2, first)}
     result["blocks_not_linear_in_batch"] = sum(a is None for a in powers)
     for (b, n), real in ((k, tapes[k]) for k in checks):
         at_b, tape = seen[n]
