@@ -177,8 +177,8 @@ def sampler(section: Section) -> list[Figure]:
 
 
 def plan_speed(section: Section) -> list[Figure]:
-    """Planning: each case's median cold and warm wall seconds, and whether its plan is the
-    exhaustive search's (labelled with its case set's role)."""
+    """Planning: each case's median cold and warm wall seconds (whether each plan equals the
+    exhaustive search's is in the section's table: a check, not a figure)."""
     header = table_header(section, "case")
     rows = find_table(section, "case")
     cold_name = next((h for h in header if h.startswith("cold wall s, median of ")), None)
@@ -187,8 +187,6 @@ def plan_speed(section: Section) -> list[Figure]:
     runs = cold_name.removeprefix("cold wall s, median of ").split()[0]
     cold = find_column(section, header, cold_name)
     warm = find_column(section, header, "warm wall s")
-    role = find_column(section, header, "cases' role")
-    same = find_column(section, header, "plan vs the exhaustive search")
     figures = []
     for row in rows:
         median = bare(row[cold]).split(" (")[0]
@@ -197,11 +195,6 @@ def plan_speed(section: Section) -> list[Figure]:
     for row in rows:
         metric = f"Planning, warm, wall s: {row[0]}"
         figures.append(Figure(metric, bare(row[warm]), MEASURED, section.name))
-    for row in rows:
-        if bare(row[same]) != "not compared":
-            metric = f"Planning: plan vs the exhaustive search's, {row[0]}"
-            basis = HELD_OUT if bare(row[role]) == HELD_OUT else FITTED
-            figures.append(Figure(metric, bare(row[same]), basis, section.name))
     return figures
 
 
