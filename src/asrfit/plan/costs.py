@@ -54,10 +54,18 @@ def scaled_step(*args: Any, **kwargs: Any) -> StepMemory:
     return trace(*args, **kwargs)
 
 
+# Batches of the coarse shapes. Not 1: a batch of one takes other paths in the model code
+# (bench/investigations/trace_tapes.py), and at batches of 1-2 the peak of a checkpointed
+# setup may sit where few activations are live, so a fit on them underestimates the slope
+# in the batch (XLS-R-1B with 35 of 48 layers checkpointed: a ninth of the real slope).
+COARSE_BATCHES = (2, 4)
+
+
 def coarse_shapes(max_input_length: int) -> list[tuple[int, int]]:
     """Coarse (batch, length) shapes for a first fit."""
     t = max_input_length
-    return [(1, t // 4), (1, t), (2, t // 2), (2, t)]
+    small, large = COARSE_BATCHES
+    return [(small, t // 4), (small, t), (large, t // 2), (large, t)]
 
 
 COARSE_TRACES = 4  # shapes of coarse_shapes
@@ -275,7 +283,7 @@ class CostEstimator:
                     shape(batch, t)
                     for t in lengths
                     if t not in capped
-                    for batch in sorted({batches[t], batches[t] // 2} - {0, 1, 2})
+                    for batch in sorted({batches[t], batches[t] // 2} - {0, *COARSE_BATCHES})
                 ]
                 trace(refine)
                 near = [p for p in points if p[3] >= _NEAR_BUDGET * budget_bytes]
@@ -304,7 +312,7 @@ class CostEstimator:
         """Whether the lengths ``capped`` (where the first fit allows ``CAP_MARGIN`` times the
         cap) still do once the cap is traced at the longest of them.
 
-        The first fit rests on batches of 1 and 2, where the peak may sit where few
+        The first fit rests on small batches (``COARSE_BATCHES``), where the peak may sit where few
         activations are live (the model states at the end of backward, with most layers
         checkpointed), so its slope in the batch can be far too small. The trace at the cap
         shows the peak where the plan runs. The lengths stay unrefined when the chord from

@@ -29,7 +29,7 @@ from asrfit.memory.setup import Setup
 logger = logging.getLogger(__name__)
 
 # How far a refined throughput may rise above its coarse estimate: coarse fits rest on
-# batches of 1-2, where the peak is mostly model states, so they are optimistic on memory
+# batches of 2 and 4, where the peak is mostly model states, so they are optimistic on memory
 # (larger batches); the step-time fit at those batches may err either way by a few %.
 SCREEN_MARGIN = 0.10
 
