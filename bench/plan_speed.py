@@ -112,6 +112,11 @@ class CaseRuns:
         return ordered[(len(ordered) - 1) // 2]
 
 
+def median_wall(runs: list[dict]) -> float:
+    """The runs' median wall seconds (the lower median for an even count)."""
+    return statistics.median_low([r["wall"] for r in runs])
+
+
 def measure(
     case: PlanCase, role: str, manifest: Path, folder: Path, runs: int, compare: bool, src: str
 ) -> CaseRuns:
@@ -136,8 +141,7 @@ def measure(
 
 def _seconds(runs: list[dict]) -> str:
     walls = sorted(r["wall"] for r in runs)
-    median = statistics.median_low(walls)
-    return f"**{median:.1f}** ({', '.join(f'{w:.1f}' for w in walls)})"
+    return f"**{median_wall(runs):.1f}** ({', '.join(f'{w:.1f}' for w in walls)})"
 
 
 def _verdict(done: CaseRuns) -> str:
@@ -150,7 +154,7 @@ def _target(done: CaseRuns) -> str:
     target = done.case.target_seconds
     if target is None:
         return "-"
-    met = statistics.median_low([r["wall"] for r in done.cold]) <= target
+    met = median_wall(done.cold) <= target
     return f"{target:.0f} ({'met' if met else 'not met'})"
 
 
@@ -189,9 +193,7 @@ def details(results: list[CaseRuns], src: str) -> list[str]:
             if not same_plan(plan, e):
                 lines.append(f"  Its plan: {e['setup']}, limits {e['buckets']}.")
         if done.baseline:
-            ratio = statistics.median_low([r["wall"] for r in done.baseline]) / (
-                statistics.median_low([r["wall"] for r in done.cold])
-            )
+            ratio = median_wall(done.baseline) / median_wall(done.cold)
             same = all(same_plan(plan, r) for r in done.baseline)
             lines.append(
                 f"  Code at {src}, cold: {_seconds(done.baseline)} s wall, "
