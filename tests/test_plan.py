@@ -110,8 +110,8 @@ def test_longest_bucket_agrees_with_a_fresh_two_step_simulation(
             expandable_segments=p.expandable_segments,
         ).reserved_bytes
 
-    # The published bound: the planner's figure within 0.14 % of the fresh one (README and
-    # docs/history.md, "Bucket limits against fresh full simulations"). With expandable
+    # The published bound: the planner's figure within 0.14 % of the fresh one
+    # (docs/history.md, "Bucket limits against fresh full simulations"). With expandable
     # segments the planner adds the pages' bound where the fresh figure has the pages this
     # trace fills, so its figure may also be up to that bound above (the same section).
     pages = EXPANDABLE_PAGES_BOUND_BYTES if p.expandable_segments else 0
