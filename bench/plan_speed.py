@@ -10,7 +10,8 @@ the model, search. ``--runs`` cold plans, each with an empty simulation cache (t
 their median), then a warm plan on the last cold run's cache, then, where the case says so,
 a cold plan with ``exhaustive=True`` (every setup's fit refined), whose plan (setup, bucket
 edges and limits) the fast plan must equal. Each run reports wall seconds, its own CPU
-seconds and its trace workers' (user + system), new simulations, peak resident memory, and
+seconds and its trace workers' (user + system), new simulations (traces) and steps replayed
+from their tapes instead (``asrfit.memory.tape``), peak resident memory, and
 the 1-minute load average before it started (other work on a shared machine shows there).
 ``--baseline-src`` also plans each case cold with another checkout's package, alternating
 with this one's runs, for a side-by-side ratio.
@@ -56,6 +57,7 @@ print("RESULT " + json.dumps({{
     "seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
     "child_cpu_seconds": children.ru_utime + children.ru_stime,
     "simulations": sum(e.simulations for e in made),
+    "replays": sum(getattr(e, "replays", 0) for e in made),
     "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "child_rss_mib": children.ru_maxrss / 1024,
     "setup": p.setup.describe(), "buckets": [[b.max_seconds, b.batch_size] for b in p.buckets]}}))
@@ -162,7 +164,7 @@ def table(results: list[CaseRuns], runs: int) -> list[str]:
     """The section's table: one row per case."""
     lines = [
         f"| case | cases' role | cold wall s, median of {runs} (each run) | CPU s, planner + "
-        "workers | simulations | warm wall s | cold target s | plan vs the exhaustive search "
+        "workers | simulations (replayed) | warm wall s | cold target s | plan vs the exhaustive search "
         "| peak RSS MiB (worker) | load before |",
         "|---|---|---:|---:|---:|---:|---:|---|---:|---|",
     ]
@@ -172,7 +174,8 @@ def table(results: list[CaseRuns], runs: int) -> list[str]:
         lines.append(
             f"| {done.case.name} | {done.role} | {_seconds(done.cold)} | "
             f"{median['cpu_seconds']:.1f} + {median['child_cpu_seconds']:.1f} | "
-            f"{median['simulations']} | {done.warm['wall']:.1f} | {_target(done)} | "
+            f"{median['simulations']} ({median.get('replays', 0)}) | {done.warm['wall']:.1f} | "
+            f"{_target(done)} | "
             f"{_verdict(done)} | {median['rss_mib']:,.0f} ({median['child_rss_mib']:,.0f}) | "
             f"{min(loads):.1f}-{max(loads):.1f} |"
         )
@@ -188,7 +191,8 @@ def details(results: list[CaseRuns], src: str) -> list[str]:
         if done.exhaustive is not None:
             e = done.exhaustive
             lines.append(
-                f"  The exhaustive search: {e['wall']:.1f} s wall, {e['simulations']} simulations."
+                f"  The exhaustive search: {e['wall']:.1f} s wall, {e['simulations']} simulations "
+                f"({e.get('replays', 0)} replayed)."
             )
             if not same_plan(plan, e):
                 lines.append(f"  Its plan: {e['setup']}, limits {e['buckets']}.")
@@ -254,7 +258,9 @@ def main() -> None:
         "batch 32, end to end in a fresh process: importing the planner, profiling the "
         "manifest and the model, tracing, searching. Cold: an empty simulation cache; warm: "
         "the cache the last cold run filled. CPU seconds are the median run's, the planning "
-        "process's own and its trace workers' (`asrfit.plan.parallel`). The cases' role is "
+        "process's own and its trace workers' (`asrfit.plan.parallel`). Simulations are "
+        "traces; in brackets, the steps replayed from two traces' tapes instead "
+        "(`asrfit.memory.tape`). The cases' role is "
         "their set's in `bench/cases.py`: *fitted* where the planner's speed-ups were "
         "measured and tuned on them, *held out* where they were never planned before the set "
         "was written. The cold targets are for this 2-core host, imports included.",

@@ -42,6 +42,8 @@ MEMORY_LAYERS: dict[str, int] = {
     "asrfit.memory.models": 4,  # the step adapters of each model family
     "asrfit.memory.cuda": 4,  # the caching allocator, ZeRO / DDP by formula
     "asrfit.memory.simulate": 5,  # simulate_step
+    "asrfit.memory.peaks": 5,  # a traced log's peaks and breakdown
+    "asrfit.memory.tape": 5,  # a traced step replayed at another batch
     "asrfit.memory.fit": 6,  # cost model, full depth from reduced depths
     "asrfit.memory.custom": 6,  # simulate_model
     "asrfit.memory.real_step": 6,  # the same step on real tensors

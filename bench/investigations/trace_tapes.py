@@ -16,7 +16,9 @@ one candidate is the cyclic collector, which frees fake tensors held in referenc
 moments set by allocation counts. A replay needs a canonical order first (collect cycles at
 fixed points of the trace, or align by op sequence), and the planner's coarse traces at
 batch 1 would have to move to batch 2. Measured with ``--planner`` and the default mode
-(docs/history.md, "Finished investigations").
+(docs/history.md, "Finished investigations"). Follow-up (2026-11-29): only simultaneous frees
+differ in order (autocast's cast cache, freed in dict order); sorted within each run of
+frees the tapes align, and ``asrfit.memory.tape`` replays them.
 
 Method: each model is traced (``simulate_step``, one step, forward and backward, no optimizer
 step: the planner's activation trace) at a base shape, one shape with another batch, one with

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from asrfit.memory.cuda.allocator import segment_overhead_bytes
+from asrfit.memory.peaks import step_memory
 from asrfit.memory.setup import Precision, Setup
 from asrfit.memory.step import (  # noqa: F401  (StepMemory re-exported)
     CATEGORIES,
@@ -33,111 +32,14 @@ from asrfit.memory.step import (  # noqa: F401  (StepMemory re-exported)
     StepMemory,
 )
 from asrfit.memory.steptime.runtime import OpCounter
+from asrfit.memory.tape import Tape
 from asrfit.memory.trace.engine import plain_accumulation, plain_composites
 from asrfit.memory.trace.kernels import device_kernels
 from asrfit.memory.trace.lattice import sample_transducer_loop
 from asrfit.memory.trace.optimizers import make_optimizer
 from asrfit.memory.trace.scratch import scratch_rules
-from asrfit.memory.trace.tracker import Block, StorageTracker, round_block
+from asrfit.memory.trace.tracker import StorageTracker, round_block
 from asrfit.models.checkpointing import checkpoint_first_layers
-
-
-def _category(block: Block) -> str:
-    if block.tag is not None:
-        return "temporaries" if block.tag.startswith("workspace:") else block.tag
-    if block.phase == "forward":
-        return "activations"
-    return "temporaries"
-
-
-def _analyse(
-    tracker: StorageTracker, steps: int, detail: dict | None = None
-) -> tuple[int, int, dict[str, int], list[int], str, int, tuple[int, int], dict[str, int]]:
-    """Replay the event log: peaks per step, and the breakdown at the last step's peak."""
-    blocks = tracker.log.blocks
-    live_rounded = live_raw = 0
-    step_peaks = [0] * (steps + 1)
-    phase_peaks: dict[str, int] = {}
-    region_peaks: dict[str, int] = {}
-    region_at: dict[str, int] = {}  # event index of each region's peak
-    best = (-1, -1)  # (rounded peak within last step, event index)
-    peak_raw = 0
-    for i, (key, sign) in enumerate(tracker.log.events):
-        b = blocks[key]
-        if b.tag == "host":
-            continue
-        live_rounded += sign * round_block(b.nbytes)
-        live_raw += sign * b.nbytes
-        if sign > 0:
-            s = b.step
-            step_peaks[s] = max(step_peaks[s], live_rounded)
-            if s == steps:
-                phase_peaks[b.phase] = max(phase_peaks.get(b.phase, 0), live_rounded)
-                where = f"{b.phase}@{b.region}"
-                if live_rounded > region_peaks.get(where, -1):
-                    region_peaks[where] = live_rounded
-                    region_at[where] = i
-            if s == steps:  # the raw peak (a CPU allocator's) may fall at another instant
-                peak_raw = max(peak_raw, live_raw)
-            if s == steps and live_rounded > best[0]:
-                best = (live_rounded, i)
-    peak, at = best
-    breakdown, sizes = _live_at(tracker, at)
-    if detail is not None:  # the same at each phase@region's peak (asrfit.memory.fit.depth)
-        at_block = blocks[tracker.log.events[at][0]]
-        detail.update(
-            regions={w: (region_peaks[w], *_live_at(tracker, i)) for w, i in region_at.items()},
-            peak_region=f"{at_block.phase}@{at_block.region}",
-        )
-    transients = [b.nbytes for b in blocks.values() if b.tag and b.tag.startswith("workspace:")]
-    phase = blocks[tracker.log.events[at][0]].phase
-    return (
-        peak,
-        peak_raw,
-        breakdown,
-        step_peaks[1:],
-        phase,
-        max(transients, default=0),
-        (
-            peak + segment_overhead_bytes(sizes),
-            peak + segment_overhead_bytes(sizes, expandable=True),
-        ),
-        phase_peaks,
-    )
-
-
-def _live_at(tracker: StorageTracker, at: int) -> tuple[dict[str, int], list[int]]:
-    """Bytes by category and the rounded block sizes live just after event ``at``."""
-    blocks = tracker.log.blocks
-    # Count each block's events up to the instant exactly as the running sum of _analyse does
-    # (the in-place accumulation rewrite of asrfit.memory.trace.engine may move a free before its
-    # block's allocation), so that the breakdown adds up to the live bytes.
-    # A rewrite's two blocks are one storage (TraceLog.merged): counted together, in the
-    # category of what the storage became (a tied weight's first gradient contribution is the
-    # gradient once the second is added into it), so that no category goes negative where the
-    # later block's free was counted and the earlier block's was dropped.
-    merged = tracker.log.merged
-
-    def storage(key: int) -> int:
-        while key in merged:
-            key = merged[key]
-        return key
-
-    counts: dict[int, int] = {}
-    for key, sign in tracker.log.events[: at + 1]:
-        root = storage(key)
-        counts[root] = counts.get(root, 0) + sign
-    became = {storage(key): key for key in sorted(merged)}  # the latest block of each storage
-    breakdown = dict.fromkeys(CATEGORIES, 0)
-    live: Counter[int] = Counter()
-    for key, n in counts.items():
-        b = blocks[key]
-        if n and b.tag != "host":
-            breakdown[_category(blocks[became.get(key, key)])] += n * round_block(b.nbytes)
-            live[round_block(b.nbytes)] += n
-    # The sizes add up to the running sum, as the breakdown does (a storage counted once).
-    sizes = [size for size, n in sorted(live.items()) for _ in range(max(n, 0))]
-    return breakdown, sizes
 
 
 @contextlib.contextmanager
@@ -246,6 +148,7 @@ def simulate_step(
     sample_lattice: bool = True,
     optimizer_step: bool = True,
     forward_backward: bool = True,
+    keep_tape: list[Tape] | None = None,
 ) -> StepMemory:
     """Trace ``steps`` training steps on fake tensors and report the last step's peak.
 
@@ -274,6 +177,8 @@ def simulate_step(
             parameter gets a gradient of its own shape and layout, what backward leaves, and
             the optimizer step runs on them; for callers that read only the optimizer phase
             and the model states, which do not depend on the batch.
+        keep_tape: When given, the trace's :class:`~asrfit.memory.trace.tape.Tape` is
+            appended to it, for :func:`asrfit.memory.trace.tape.replay`.
 
     Returns:
         The peak and its breakdown by category.
@@ -301,6 +206,8 @@ def simulate_step(
         optimizer = make_optimizer(setup, params)
         flops_before_last = state_bytes = 0
         counter = OpCounter(tracker)
+        if keep_tape is not None:
+            counter.calls, tracker.shadow_sizes = [], []
         lattice = sample_transducer_loop(model, tracker) if sample_lattice else None
         if lattice is not None:
             counter.weight = lattice.weight
@@ -333,44 +240,30 @@ def simulate_step(
                 with _phase(tracker, "zero_grad"):
                     optimizer.zero_grad(set_to_none=True)
                 del grads
-    peak, peak_raw, breakdown, step_peaks, phase, transient, segments, phase_peaks = _analyse(
-        tracker, steps, detail
-    )
     assumptions = sorted({f"{a.op}: {a.rule} at {a.where}" for a in tracker.assumptions})
     if lattice is not None and lattice.note():
         assumptions.append(lattice.note())
-    if target == "cpu" and setup.checkpoint_layers:
-        # torch.utils.checkpoint keeps the CPU generator's state (a tensor made outside the
-        # dispatcher, unseen by the tracker) per checkpointed layer until its recompute;
-        # counted as live at the peak (pessimistic where the peak is after the recomputes).
-        # On a GPU run it is host memory.
-        state_bytes_each = torch.get_rng_state().numel()
-        rounded = setup.checkpoint_layers * round_block(state_bytes_each)
-        peak, peak_raw = peak + rounded, peak_raw + setup.checkpoint_layers * state_bytes_each
-        breakdown["activations"] = breakdown.get("activations", 0) + rounded
-        assumptions.append(
-            f"checkpoint: {setup.checkpoint_layers} x CPU RNG state live at the peak"
-        )
-    return StepMemory(
-        model=adapter.name,
-        setup=setup,
-        target=target,
-        batch=batch,
-        peak_bytes=peak,
-        peak_raw_bytes=peak_raw,
-        breakdown_bytes=breakdown,
-        step_peaks_bytes=step_peaks,
-        peak_phase=phase,
-        largest_transient_bytes=transient,
-        peak_segment_bytes=segments[0],
-        peak_expandable_bytes=segments[1],
-        phase_peaks_bytes=phase_peaks,
-        optimizer_state_bytes=state_bytes,
-        flops=tracker.flops - flops_before_last,
-        assumptions=assumptions,
-        trace_seconds=time.perf_counter() - started,
+    figures = {
+        "flops": tracker.flops - flops_before_last,
+        "traced_calls": counter.traced.get(steps, 0),
+        "state_bytes": state_bytes,
+        "assumptions": assumptions,
+    }
+    if keep_tape is not None:
+        shadows = tracker.shadow_sizes or []
+        tape = Tape.of(tracker.log, counter.calls or [], batch, steps, shadows=shadows, **figures)
+        keep_tape.append(tape)
+    return step_memory(
+        tracker.log,
+        adapter.name,
+        setup,
+        target,
+        batch,
+        steps,
+        detail,
         cost=counter.cost(steps),
-        traced_calls=counter.traced.get(steps, 0),
+        seconds=time.perf_counter() - started,
+        **figures,
     )
 
 

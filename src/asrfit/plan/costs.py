@@ -10,6 +10,9 @@ Cost per setup, from traces of **one** step (half the work of two):
 - FLOPs per step ``B*(aT + bT^2 + cU)`` from the same traces (checkpointing's recompute
   included).
 
+The refinement's batches are replayed from two traces' tapes where a length has them
+(:mod:`asrfit.plan.tapes`); where it has one, the other coarse batch is traced first.
+
 Reserved memory counts allocator segments: classic segments' rounding is fitted with each
 traced peak; expandable segments' pages (less than 22 MiB) are added as a bound. The steady
 peak of a batch is the larger of the two phases. ZeRO and DDP change model states by formula
@@ -19,9 +22,7 @@ peak of a batch is the larger of the two phases. ZeRO and DDP change model state
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from asrfit.memory.cache import cache_key, cached, is_cached
@@ -30,8 +31,10 @@ from asrfit.memory.fit.costmodel import PeakModel, fit_peak_model
 from asrfit.memory.setup import OptimizerKind, Setup
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory
 from asrfit.memory.steptime.roofline import StepCost
+from asrfit.memory.tape import Tape
 from asrfit.plan.parallel import map_forked, trace_workers
 from asrfit.plan.setup_costs import SetupCosts
+from asrfit.plan.tapes import Tapes, load_traced, save_traced
 
 #: A simulation as :meth:`CostEstimator._simulate` asks for it:
 #: ``(batch, setup, optimizer_step, forward_backward)``.
@@ -109,6 +112,8 @@ class CostEstimator:
         self.min_input_length = min_input_length
         self.target = target
         self.simulations = 0
+        # this run's tapes, and the steps replayed from them (.enabled False: trace them all)
+        self.tapes = Tapes(adapter.name, target, COARSE_BATCHES)
         self.depth_scaling = DEPTH_SCALING
         # the run's allocator: what the fits count of a trace's segments, and what its costs'
         # reserved figure adds (asrfit.memory.cuda.allocator.reserved_of_fitted_peak)
@@ -120,6 +125,9 @@ class CostEstimator:
         self._fits: dict[tuple, tuple[PeakModel, PeakModel]] = {}
         self._optimizer: dict[tuple, StepMemory] = {}
         self._time_points: dict[tuple, list[tuple[int, int, int, StepCost]]] = {}
+        # tapes of this run's traces: (setup, lengths, phases) -> batch -> tape
+        self._last_tapes: list[tuple[Any, Tape]] = []  # the latest trace's (for a worker)
+        self._replayed_rows = False  # whether it replayed every reduced trace of a scaled step
 
     def _simulate(
         self,
@@ -132,13 +140,28 @@ class CostEstimator:
         key = self._key(batch, setup, optimizer_step, forward_backward)
 
         def compute() -> StepMemory:
-            self.simulations += 1
+            ready = self._ready.pop(key, None)  # traced by a worker (prefetch)
+            replayed = (
+                self.tapes.replayed(batch, setup, optimizer_step, forward_backward)
+                if ready is None
+                else None
+            )
+            if replayed is not None:
+                if self.progress is not None:
+                    self.progress.skip(1)
+                return replayed
             if self.progress is not None:
                 self.progress.started(batch, setup, what)
-            ready = self._ready.pop(key, None)  # traced by a worker (prefetch)
-            if ready is not None:
-                return ready
-            return self.trace(batch, setup, optimizer_step, forward_backward)
+            step = (
+                ready
+                if ready is not None
+                else self.trace(batch, setup, optimizer_step, forward_backward)
+            )
+            if ready is None and self._replayed_rows:  # every reduced trace was replayed
+                self.tapes.replays += 1
+            else:
+                self.simulations += 1
+            return step
 
         if key not in self._memo:
             self._memo[key] = cached(key, compute)
@@ -154,17 +177,33 @@ class CostEstimator:
     def trace(
         self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
     ) -> StepMemory:
-        """One uncached trace of ``batch`` under ``setup`` (reduced depth where it pays)."""
+        """One uncached trace of ``batch`` under ``setup`` (reduced depth where it pays); its
+        tapes are kept for replays, and a scaled step's reduced traces replayed where they can
+        be (then :attr:`_replayed_rows`: the step is a replay)."""
         self._traced_here = True
+        tapes: list[Tape] = []
         common = {
             "target": self.target,
             "steps": 1,
             "optimizer_step": optimizer_step,
             "forward_backward": forward_backward,
+            "keep_tape": tapes,
         }
+        rows = self.tapes.rows(batch, setup, optimizer_step, forward_backward)
         if self.depth_scaling:  # a few layers per stack, scaled (full trace as fallback)
-            return scaled_step(self.adapter, batch, setup, worth=DEPTH_WORTH, **common)
-        return simulate_step(self.adapter, batch, setup, **common)
+            step = scaled_step(self.adapter, batch, setup, worth=DEPTH_WORTH, rows=rows, **common)
+        else:
+            step = simulate_step(self.adapter, batch, setup, **common)
+        self._last_tapes = [(None, tape) for tape in tapes] + rows.kept
+        self._replayed_rows = rows.all_replayed and not tapes
+        for row, tape in [(None, tape) for tape in tapes]:
+            self.tapes.keep(setup, optimizer_step, forward_backward, tape, row)
+        return step
+
+    @property
+    def replays(self) -> int:
+        """Steps replayed from this run's tapes instead of traced."""
+        return self.tapes.replays
 
     def prefetch(self, requests: list[Request]) -> None:
         """Trace the uncached ``requests`` side by side (:mod:`asrfit.plan.parallel`).
@@ -179,8 +218,11 @@ class CostEstimator:
         todo: dict[str, Request] = {}
         for request in requests:
             key = self._key(*request)
-            if key not in self._memo and key not in self._ready and not is_cached(key):
-                todo.setdefault(key, request)
+            if key in self._memo or key in self._ready or is_cached(key):
+                continue
+            if self.tapes.replayable(*request):
+                continue  # replayed when asked for
+            todo.setdefault(key, request)
         workers = trace_workers() if len(todo) > 1 else 1
         if workers < 2:
             return
@@ -191,25 +233,22 @@ class CostEstimator:
             self._ready[key] = self.trace(*todo.pop(key))
         from asrfit.memory.fit.depth import learn_whole_cheaper, whole_cheaper
 
-        def job(request: Request) -> tuple[StepMemory, list]:
+        def job(request: Request) -> tuple[StepMemory, list, list[tuple[Any, Tape]]]:
             # with what the trace taught this process about tracing the setup whole
-            # (asrfit.memory.fit.depth), so that the planner's later traces follow it too
-            return self.trace(*request), whole_cheaper(self.adapter)
-
-        def save(result: tuple[StepMemory, list], path: Path) -> None:
-            step, learned = result
-            text = json.dumps({"step": step.to_dict(), "whole_cheaper": learned})
-            path.write_text(text, encoding="utf-8")
-
-        def load(path: Path) -> tuple[StepMemory, list]:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            return StepMemory.from_dict(data["step"], where=str(path)), data["whole_cheaper"]
+            # (asrfit.memory.fit.depth), so that the planner's later traces follow it too,
+            # and the trace's tape
+            step = self.trace(*request)
+            return step, whole_cheaper(self.adapter), self._last_tapes
 
         jobs = [functools.partial(job, request) for request in todo.values()]
-        for key, result in zip(todo, map_forked(jobs, workers, save, load), strict=True):
+        for (key, request), result in zip(
+            todo.items(), map_forked(jobs, workers, save_traced, load_traced), strict=True
+        ):
             if result is not None:
                 self._ready[key] = result[0]
                 learn_whole_cheaper(self.adapter, result[1])
+                for row, tape in result[2]:
+                    self.tapes.keep(request[1], request[2], request[3], tape, row)
 
     def _activation_fit(
         self,
@@ -238,7 +277,10 @@ class CostEstimator:
 
             def trace(shapes: list[BatchShape]) -> None:
                 # forward and backward are read: the optimizer step is not traced
-                self.prefetch([(s, base, False, True) for s in shapes])
+                companions = self.tapes.companions(shapes, base)
+                self.prefetch([(s, base, False, True) for s in companions + shapes])
+                for s in companions:  # traced for their tapes only: not points of the fit
+                    self._simulate(s, base, "tape", False)
                 for s in shapes:
                     step = self._simulate(s, base, "activations", False)
                     # Step 1 has no optimizer state during forward/backward (made afterwards).
@@ -361,39 +403,14 @@ class CostEstimator:
         requests += [self._optimizer_request(setup) for setup in setups]
         self.prefetch(requests)
 
-    def label_pairs(
-        self, setup: Setup, shapes: list[tuple[int, int, int]], low: float
-    ) -> list[tuple[BatchShape, StepMemory, BatchShape, StepMemory]]:
-        """Traces that differ in labels alone, for the label terms of two-dimensional buckets.
+    def activation_step(self, batch: BatchShape, setup: Setup, what: str) -> StepMemory:
+        """The activation trace of ``setup`` at ``batch`` (forward and backward of step 1,
+        SGD: :func:`_activation_base`), cached, prefetched or replayed like the fit's."""
+        return self._simulate(batch, _activation_base(setup), what, False)
 
-        For each traced ``(B, T, U)`` of ``shapes`` (shapes of the activation fit, so only
-        the low-label trace is new), the same shape with ``low`` times the labels. Same base
-        setup as the activation fit (step 1, SGD).
-        """
-        base = _activation_base(setup)
-        lows = [(b, t, u, max(1, round(u * low))) for b, t, u in shapes]
-        self.prefetch(
-            [
-                (BatchShape(b, t, x), base, False, True)
-                for b, t, u, lo in lows
-                if lo < u
-                for x in (u, lo)
-            ]
-        )
-        pairs = []
-        for b, t, u_hi, u_lo in lows:
-            if u_lo >= u_hi:
-                continue
-            hi, lo = BatchShape(b, t, u_hi), BatchShape(b, t, u_lo)
-            pairs.append(
-                (
-                    hi,
-                    self._simulate(hi, base, "activations", False),
-                    lo,
-                    self._simulate(lo, base, "labels", False),
-                )
-            )
-        return pairs
+    def prefetch_activations(self, shapes: list[BatchShape], setup: Setup) -> None:
+        """:meth:`prefetch` the activation traces of ``setup`` at ``shapes``."""
+        self.prefetch([(s, _activation_base(setup), False, True) for s in shapes])
 
     def _optimizer_request(self, setup: Setup) -> Request:
         """The optimizer-state trace of ``setup``: the optimizer phase's peak and the model

@@ -9,7 +9,7 @@ larger batch (NeMo's 2-D bucketing for Canary; its OOMptimizer sizes each bin).
 1. The label terms: the setup's memory, FLOPs and step-time fits were made on shapes whose
    labels grow with their length (``U = r T``), where label and length columns cannot be
    told apart. Two more traces, at a quarter of the labels of the fit's two largest traced
-   batches (near the budget, where the planner decides), measure the slopes (:meth:`asrfit.plan.costs.CostEstimator.label_pairs`,
+   batches (near the budget, where the planner decides), measure the slopes (:func:`label_pairs`,
    :func:`asrfit.memory.fit.costmodel.label_slopes`); the fits keep their values on the line and
    move off it by those slopes (:func:`asrfit.memory.fit.costmodel.with_label_terms`). A peak
    that is the larger of two phases is convex in ``U``, so the chord between the two traces
@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from asrfit.memory.fit.costmodel import label_slopes, with_label_terms
+from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape, StepMemory
 from asrfit.memory.steptime.roofline import step_seconds_parts
 from asrfit.plan.bucketing import (
     BUCKET_COUNTS,
@@ -57,6 +59,28 @@ MAX_BUCKETS = 48  # buckets of a two-dimensional plan at most (lhotse keeps a qu
 _NS = 1e9
 
 
+def label_pairs(
+    estimator: CostEstimator, setup: Setup, shapes: list[tuple[int, int, int]], low: float
+) -> list[tuple[BatchShape, StepMemory, BatchShape, StepMemory]]:
+    """Traces that differ in labels alone, for the label terms of two-dimensional buckets.
+
+    For each traced ``(B, T, U)`` of ``shapes`` (shapes of the activation fit, so only the
+    low-label trace is new), the same shape with ``low`` times the labels: activation traces
+    of ``setup`` (:meth:`~asrfit.plan.costs.CostEstimator.activation_step`).
+    """
+    lows = [(b, t, u, max(1, round(u * low))) for b, t, u in shapes]
+    lows = [(b, t, u, lo) for b, t, u, lo in lows if lo < u]
+    estimator.prefetch_activations(
+        [BatchShape(b, t, x) for b, t, u, lo in lows for x in (u, lo)], setup
+    )
+    pairs = []
+    for b, t, u_hi, u_lo in lows:
+        hi, lo = BatchShape(b, t, u_hi), BatchShape(b, t, u_lo)
+        high_step = estimator.activation_step(hi, setup, "activations")
+        pairs.append((hi, high_step, lo, estimator.activation_step(lo, setup, "labels")))
+    return pairs
+
+
 def costs_with_labels(
     costs: SetupCosts,
     estimator: CostEstimator,
@@ -65,8 +89,11 @@ def costs_with_labels(
     hardware: Any,
 ) -> SetupCosts:
     """``costs`` whose memory, FLOPs and step-time fits move with labels at fixed length."""
-    pairs = estimator.label_pairs(
-        costs.setup, label_shapes(costs, max_input_length, labels_per_step), LABEL_PROBE_LOW
+    pairs = label_pairs(
+        estimator,
+        costs.setup,
+        label_shapes(costs, max_input_length, labels_per_step),
+        LABEL_PROBE_LOW,
     )
     if not pairs:
         return costs

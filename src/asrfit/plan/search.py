@@ -424,8 +424,9 @@ def plan(
         loader_audio_seconds_per_second=loader_audio_seconds_per_second,
     )
     logger.info(
-        "planned in %.1f s (%d new simulations)",
+        "planned in %.1f s (%d new simulations, %d steps replayed from their tapes)",
         time.perf_counter() - started,
         estimator.simulations,
+        estimator.replays,
     )
     return result

@@ -170,6 +170,8 @@ def scaled_step(
     worth: float = 0.0,
     optimizer_step: bool = True,
     forward_backward: bool = True,
+    keep_tape: list | None = None,
+    rows: Any = None,
 ) -> StepMemory:
     """:func:`asrfit.memory.simulate.simulate_step` from traces at reduced depths.
 
@@ -179,11 +181,15 @@ def scaled_step(
     (each reduced trace also repeats every other part of the model: the planner asks for 2),
     or when the check trace is not on the linear model; and, after a first scaled step whose
     reduced traces made more kernel calls than the full model's trace would, for every later
-    step of the same adapter and setup.
+    step of the same adapter and setup. A full trace appends its tape to ``keep_tape``
+    (:mod:`asrfit.memory.tape`); a step from reduced traces has none, but each reduced trace
+    is first asked of ``rows`` (``rows.replayed(row, detail)``: replayed from two tapes of
+    that reduced model at other batches, or None) and, when traced, handed to it
+    (``rows.keep(row, tape)``); a row is a reduced model's layer counts and how it was built.
     """
     setup = setup or Setup()
 
-    def run(**reduced: Any) -> StepMemory:  # with no arguments: the full trace
+    def run(tapes: list | None = keep_tape, **reduced: Any) -> StepMemory:  # the full trace
         return simulate_step(
             adapter,
             batch,
@@ -192,6 +198,7 @@ def scaled_step(
             steps=steps,
             optimizer_step=optimizer_step,
             forward_backward=forward_backward,
+            keep_tape=tapes,
             **reduced,
         )
 
@@ -227,8 +234,16 @@ def scaled_step(
     fields = depth_fields(adapter, batch, setup, target)
 
     def trace(counts: dict[str, int], depths: dict[str, int], detail: dict) -> StepMemory:
+        row = (tuple(sorted(counts.items())), bool(depths))
+        step = None if rows is None else rows.replayed(row, detail)
+        if step is not None:
+            return step
+        tapes: list = []
         with config_values([(*fields[k], v) for k, v in depths.items()]):
-            return run(prune=_pruner(counts, full, depths), detail=detail)
+            step = run(tapes, prune=_pruner(counts, full, depths), detail=detail)
+        if rows is not None and tapes:
+            rows.keep(row, tapes[0])
+        return step
 
     runs, details = [], []
     built = "at reduced depth" if fields else "whole (no config attribute sets a stack's depth)"

@@ -221,6 +221,9 @@ class OpCounter(TorchDispatchMode):
         # transducer loss's loop counts for its group); None: 1
         self.weight: Any = None
         self.traced: Counter = Counter()  # step -> kernel calls of STEP_PHASES seen, once each
+        # every call in order, ``(step, row key, weight)`` (asrfit.memory.tape), when a
+        # list is set
+        self.calls: list[tuple[int, tuple, int]] | None = None
 
     def __enter__(self) -> OpCounter:
         # every nn.Module call (the Python a model runs around its kernels; checkpointing's
@@ -239,7 +242,10 @@ class OpCounter(TorchDispatchMode):
     def _module_called(self, module: Any, args: Any) -> None:
         phase = self.tracker.phase if self.tracker is not None else self.default_phase
         step = self.tracker.step if self.tracker is not None else 1
-        self.counts.setdefault(step, Counter())[(phase, "module", "fp32", 0, 0, 0, None)] += 1
+        key = (phase, "module", "fp32", 0, 0, 0, None)
+        self.counts.setdefault(step, Counter())[key] += 1
+        if self.calls is not None:
+            self.calls.append((step, key, 1))
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -285,15 +291,18 @@ class OpCounter(TorchDispatchMode):
             first = args[0] if args and isinstance(args[0], (list, tuple)) else inputs
             tensors = max(1, len(first))
         key = (phase, kind, dtype, flops, nbytes, tensors, shape)
-        counts = self.counts.setdefault(step, Counter())
-        counts[key] += weight
-        calls = 1
+        keys = [key]
         for i in CONTIGUOUS_INPUTS.get(name, ()):  # the copies the kernel makes itself
             t = args[i] if i < len(args) else None
             if isinstance(t, torch.Tensor) and _needs_layout_copy(t):
                 copied = t.numel() * t.element_size()
-                counts[(phase, "layout", _dtype_key(t.dtype), 0, 2 * copied, 1, None)] += weight
-                calls += 1
+                keys.append((phase, "layout", _dtype_key(t.dtype), 0, 2 * copied, 1, None))
+        counts = self.counts.setdefault(step, Counter())
+        for k in keys:
+            counts[k] += weight
+            if self.calls is not None:
+                self.calls.append((step, k, weight))
+        calls = len(keys)
         self.traced[step] += calls if phase in STEP_PHASES else 0
 
     def cost(self, step: int | None = None, phases: tuple[str, ...] = STEP_PHASES) -> StepCost:
@@ -301,10 +310,14 @@ class OpCounter(TorchDispatchMode):
         if not self.counts:
             return StepCost()
         step = max(self.counts) if step is None else step
-        rows = [
-            [*k[:6], n, *([list(k[6])] if k[6] else [])]
-            for k, n in self.counts.get(step, Counter()).items()
-            if k[0] in phases
-        ]
-        rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[5], r[7:]))
-        return StepCost(rows)
+        return cost_of(self.counts.get(step, Counter()), phases)
+
+
+def cost_of(counts: Counter, phases: tuple[str, ...] = STEP_PHASES) -> StepCost:
+    """A :class:`StepCost` from calls counted by row key (:attr:`OpCounter.counts` of one step),
+    rows of ``phases`` only, sorted for a stable cache."""
+    rows = [
+        [*k[:6], n, *([list(k[6])] if k[6] else [])] for k, n in counts.items() if k[0] in phases
+    ]
+    rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[5], r[7:]))
+    return StepCost(rows)

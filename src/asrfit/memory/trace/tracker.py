@@ -94,9 +94,13 @@ class TraceLog:
 
 
 def _shadowable(t: torch.Tensor) -> bool:
-    if t.dtype in _INT_DTYPES:
-        return t.numel() <= _MAX_SHADOW_NUMEL
-    return t.numel() <= _MAX_SMALL_SHADOW_NUMEL
+    return shadowable_size(t.numel(), t.dtype in _INT_DTYPES)
+
+
+def shadowable_size(numel: int, integral: bool) -> bool:
+    """Whether a tensor of ``numel`` elements (integers or booleans: ``integral``) gets a real
+    shadow value."""
+    return numel <= (_MAX_SHADOW_NUMEL if integral else _MAX_SMALL_SHADOW_NUMEL)
 
 
 def _mutated_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -138,6 +142,9 @@ class StorageTracker(TorchDispatchMode):
         # on a GPU they are host memory); held until :meth:`release_saved_scalars`.
         self.count_saved_scalars = False
         self._saved_scalars: list[int] = []
+        # When a list: each choice to shadow an op's outputs or not, where the inputs' values
+        # were known: ``(((numel, integral), ...), shadowed)`` (asrfit.memory.tape)
+        self.shadow_sizes: list[tuple[tuple[tuple[int, bool], ...], bool]] | None = None
 
     # -- storages ---------------------------------------------------------------
     def _track(self, t: torch.Tensor, tag: str | None = None, op: Any = None) -> int | None:
@@ -271,8 +278,19 @@ class StorageTracker(TorchDispatchMode):
         if not outs and not mutated:
             return
         seeded = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
-        if seeded or not all(_shadowable(t) for t in outs + mutated):
+        if seeded:
             self._forget(mutated)  # random draws (dropout, layerdrop coin flips) stay unknown
+            return
+        shadowable = all(_shadowable(t) for t in outs + mutated)
+        # a tape's record of each size-bound choice (asrfit.memory.tape): where the
+        # inputs' values are known, whether the outputs were small enough to shadow
+        if self.shadow_sizes is not None and all(
+            self.value_of(t) is not None for t in tensors_in((args, kwargs))
+        ):
+            sizes = tuple((t.numel(), t.dtype in _INT_DTYPES) for t in outs + mutated)
+            self.shadow_sizes.append((sizes, shadowable))
+        if not shadowable:
+            self._forget(mutated)
             return
         if any(self.value_of(t) is None for t in tensors_in((args, kwargs))):
             self._forget(mutated)

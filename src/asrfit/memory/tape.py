@@ -1,0 +1,357 @@
+"""A traced step as a tape, replayed at another batch size without tracing.
+
+At one input length and label length, a setup's step runs the same operators at every batch
+size from 2 up (a batch of one takes other paths: ``bench/investigations/trace_tapes.py``):
+the same storages are made and freed in the same order, and each storage's size either does
+not depend on the batch (parameters, their casts, positional tables) or is proportional to
+it (activations and their gradients). Each kernel's FLOPs and bytes are affine in the batch
+(a weight read once, activations read per utterance). Two traces at batches ``a < b`` of one
+shape fix all of it; the step at a third batch is then the same log with its sizes scaled,
+analysed exactly as a trace is (:func:`replayed_step`, :mod:`asrfit.memory.peaks`).
+
+The frees of one instant come in an order that hashing decides (autocast's cast cache,
+cleared at the end of the forward pass, frees its copies in dict order). The tape keeps each
+run of consecutive frees sorted, which changes no live sum at an allocation, where every
+peak is read.
+
+A storage whose size counts values (the frames a SpecAugment draw masks, gathered by a boolean
+index) is a sample at any batch, traced or not: it is replayed at the larger size per
+utterance of the two tapes, and so are the bytes of the kernels that touch it, affine in the
+batch. Replay refuses (returns None, and the caller traces) when the two tapes differ in
+anything but sizes, or when any other storage's size is neither constant nor proportional in
+the batch (a kernel workspace of ``max(input + weight, output)`` is neither: it may switch
+branch at a larger batch), unless it is a tensor with one dimension growing with the batch
+(then its storage, a strided layout's extent that may end short of its last row's padding,
+is affine in the batch), or a kernel's figures fall below zero on their line.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape, StepMemory
+from asrfit.memory.steptime.roofline import StepCost
+
+if TYPE_CHECKING:  # the tracker imports torch: a warm plan, which only holds tapes, does not
+    from asrfit.memory.trace.tracker import Block, TraceLog
+
+#: Smallest batch a tape may be recorded or replayed at (a batch of one takes other paths).
+MIN_BATCH = 2
+
+Call = tuple[int, tuple, int]  # (step, OpCounter row key, weight)
+Shadow = tuple[tuple[tuple[int, bool], ...], bool]  # StorageTracker.shadow_sizes' entries
+
+
+@dataclass
+class Tape:
+    """A traced step, kept for replay.
+
+    Attributes:
+        batch: The traced shape.
+        steps: Steps traced (the last is the one reported).
+        log: The tracker's log, blocks keyed by creation order (0, 1, ...), each run of
+            consecutive frees sorted.
+        calls: Every kernel and module call of the last step, in order
+            (:attr:`asrfit.memory.steptime.runtime.OpCounter.calls`).
+        flops: FLOPs of the last step.
+        traced_calls: Kernel calls the trace of the last step made.
+        state_bytes: Optimizer state live after the last step.
+        assumptions: The trace's assumptions, as :class:`~asrfit.memory.step.StepMemory`
+            reports them.
+        shadows: Each choice the tracker made to follow an op's values or not by the size
+            of its outputs (:attr:`asrfit.memory.trace.tracker.StorageTracker.shadow_sizes`):
+            at another batch the same choices must hold, or the trace would take other rules.
+        counts_values: The blocks made by an op whose output size depends on its inputs'
+            values (PyTorch tags such ops ``dynamic_output_shape``: boolean-mask indexing,
+            ``nonzero``, ``masked_select``).
+
+    The blocks' ops and dtypes are kept as their names, so that a tape is plain data
+    (:meth:`to_dict`).
+    """
+
+    batch: BatchShape
+    steps: int
+    log: TraceLog
+    calls: list[Call]
+    flops: int
+    traced_calls: int
+    state_bytes: int
+    assumptions: list[str]
+    shadows: list[Shadow]
+    counts_values: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, log: TraceLog, calls: list[Call], batch: BatchShape, steps: int, **figures: Any):
+        """The tape of a tracker's ``log`` and its counter's ``calls`` (``figures``: the
+        remaining attributes, ``shadows`` among them)."""
+        from asrfit.memory.trace.tracker import TraceLog
+
+        index = {key: i for i, key in enumerate(log.blocks)}
+        blocks = {
+            index[k]: replace(b, key=index[k], op=_name(b.op), dtype=_name(b.dtype))
+            for k, b in log.blocks.items()
+        }
+        counts_values = frozenset(index[k] for k, b in log.blocks.items() if _counts_values(b.op))
+        events: list[tuple[int, int]] = []
+        frees: list[tuple[int, int]] = []
+        for key, sign in log.events:
+            if sign < 0:
+                frees.append((index[key], sign))
+                continue
+            events += sorted(frees)
+            frees = []
+            events.append((index[key], sign))
+        events += sorted(frees)
+        merged = {index[k]: index[v] for k, v in log.merged.items()}
+        last = [c for c in calls if c[0] == steps]
+        log = TraceLog(blocks, events, merged)
+        return cls(batch, steps, log, last, counts_values=counts_values, **figures)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (:meth:`from_dict` reads it back)."""
+        return {
+            "batch": self.batch.to_dict(),
+            "steps": self.steps,
+            "blocks": [
+                [b.nbytes, b.phase, b.step, b.tag, b.op, list(b.shape), b.dtype, b.region]
+                for b in self.log.blocks.values()
+            ],
+            "events": self.log.events,
+            "merged": sorted(self.log.merged.items()),
+            "calls": [[step, list(key[:6]), key[6], weight] for step, key, weight in self.calls],
+            "flops": self.flops,
+            "traced_calls": self.traced_calls,
+            "state_bytes": self.state_bytes,
+            "assumptions": self.assumptions,
+            "shadows": [[[list(x) for x in sizes], shadowed] for sizes, shadowed in self.shadows],
+            "counts_values": sorted(self.counts_values),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tape:
+        """A tape from :meth:`to_dict`'s data."""
+        from asrfit.memory.trace.tracker import Block, TraceLog
+
+        blocks = {
+            i: Block(i, n, phase, step, tag, op, tuple(shape), dtype, region)
+            for i, (n, phase, step, tag, op, shape, dtype, region) in enumerate(data["blocks"])
+        }
+        log = TraceLog(
+            blocks,
+            [(k, sign) for k, sign in data["events"]],
+            {k: v for k, v in data["merged"]},
+        )
+        calls = [
+            (step, (*key, None if shape is None else tuple(shape)), weight)
+            for step, key, shape, weight in data["calls"]
+        ]
+        shadows = [
+            (tuple((n, integral) for n, integral in sizes), shadowed)
+            for sizes, shadowed in data["shadows"]
+        ]
+        return cls(
+            BatchShape.from_dict(data["batch"]),
+            data["steps"],
+            log,
+            calls,
+            data["flops"],
+            data["traced_calls"],
+            data["state_bytes"],
+            list(data["assumptions"]),
+            shadows,
+            frozenset(data["counts_values"]),
+        )
+
+    def cost(self) -> StepCost:
+        """The last step's kernels, as :meth:`OpCounter.cost` gives them."""
+        from asrfit.memory.steptime.runtime import cost_of
+
+        counts: Counter = Counter()
+        for _step, key, weight in self.calls:
+            counts[key] += weight
+        return cost_of(counts)
+
+
+def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
+    """``first`` and ``second`` (one shape at two batch sizes) at ``batch_size``, or None.
+
+    Args:
+        first: A tape at batch ``a``, at least :data:`MIN_BATCH`.
+        second: The same input and label lengths at another batch ``b``.
+        batch_size: The batch to replay at, at least :data:`MIN_BATCH`.
+    """
+    from asrfit.memory.trace.tracker import TraceLog
+
+    a, b = first.batch.batch_size, second.batch.batch_size
+    if (
+        min(a, b, batch_size) < MIN_BATCH
+        or a == b
+        or (first.batch.input_length, first.batch.label_length)
+        != (second.batch.input_length, second.batch.label_length)
+        or first.steps != second.steps
+        or first.log.events != second.log.events
+        or first.log.merged != second.log.merged
+        or len(first.log.blocks) != len(second.log.blocks)
+        or len(first.calls) != len(second.calls)
+        or first.traced_calls != second.traced_calls
+        or first.state_bytes != second.state_bytes
+        or first.assumptions != second.assumptions
+    ):
+        return None
+    if not _same_shadows(first.shadows, second.shadows, a, b, batch_size):
+        # the tapes followed other values (a float tensor shadowed at the smaller batch only):
+        # only above the larger batch, where its choices must all still hold
+        larger = max(first, second, key=lambda tape: tape.batch.batch_size)
+        if batch_size < larger.batch.batch_size or not _shadows_hold(larger, batch_size):
+            return None
+    blocks: dict[int, Block] = {}
+    for key, x in first.log.blocks.items():
+        y = second.log.blocks[key]
+        if (x.phase, x.step, x.tag, x.op, x.dtype, x.region, len(x.shape)) != (
+            y.phase,
+            y.step,
+            y.tag,
+            y.op,
+            y.dtype,
+            y.region,
+            len(y.shape),
+        ):
+            return None
+        dims = [_storage(i, j, a, b, batch_size) for i, j in zip(x.shape, y.shape, strict=True)]
+        nbytes = _storage(x.nbytes, y.nbytes, a, b, batch_size)
+        if (
+            nbytes is None
+            and x.shape
+            and None not in dims
+            and sum(i != j for i, j in zip(x.shape, y.shape, strict=True)) == 1
+        ):
+            # a strided layout's extent (a kernel's output with padded rows) along one
+            # dimension that grows with the batch: affine in the batch, whole bytes per utterance
+            slope, rest = divmod(y.nbytes - x.nbytes, b - a)
+            nbytes = None if rest else x.nbytes + slope * (batch_size - a)
+        if nbytes is None and key in first.counts_values:
+            # its size counts values (masked frames: a random draw per utterance, a sample
+            # at any batch): the larger size per utterance of the two
+            nbytes = -(-max(x.nbytes * b, y.nbytes * a) * batch_size // (a * b))
+        if nbytes is None or nbytes < 0:
+            return None
+        shape = tuple(i if d is None else d for i, d in zip(x.shape, dims, strict=True))
+        blocks[key] = replace(x, nbytes=nbytes, shape=shape)
+    calls: list[Call] = []
+    for (step, x, weight), (step_y, y, weight_y) in zip(first.calls, second.calls, strict=True):
+        if (step, weight, x[:3], x[5]) != (step_y, weight_y, y[:3], y[5]):
+            return None
+        if (x[6] is None) != (y[6] is None):
+            return None
+        figures = [_affine(i, j, a, b, batch_size) for i, j in ((x[3], y[3]), (x[4], y[4]))]
+        shape = None
+        if x[6] is not None:  # a CPU attention row's shape: batch x heads, then lengths
+            if len(x[6]) != len(y[6]) or x[6][1:] != y[6][1:]:
+                return None
+            shape = (_affine(x[6][0], y[6][0], a, b, batch_size), *x[6][1:])
+            if shape[0] is None:
+                return None
+        if None in figures:
+            return None
+        calls.append((step, (*x[:3], *figures, x[5], shape), weight))
+    flops = _affine(first.flops, second.flops, a, b, batch_size)
+    if flops is None:
+        return None
+    log = TraceLog(blocks, list(first.log.events), dict(first.log.merged))
+    return replace(
+        first,
+        batch=replace(first.batch, batch_size=batch_size),
+        log=log,
+        calls=calls,
+        flops=flops,
+    )
+
+
+def _same_shadows(first: list[Shadow], second: list[Shadow], a: int, b: int, batch: int) -> bool:
+    """Whether every choice to shadow values would be made alike at ``batch``."""
+    from asrfit.memory.trace.tracker import shadowable_size
+
+    if len(first) != len(second):
+        return False
+    for (sizes, shadowed), (other, shadowed_too) in zip(first, second, strict=True):
+        if shadowed != shadowed_too or [i for _, i in sizes] != [i for _, i in other]:
+            return False
+        numels = [_storage(x, y, a, b, batch) for (x, _), (y, _) in zip(sizes, other, strict=True)]
+        if None in numels:
+            return False
+        integral = [i for _, i in sizes]
+        if all(shadowable_size(n, i) for n, i in zip(numels, integral, strict=True)) != shadowed:
+            return False
+    return True
+
+
+def _name(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _shadows_hold(tape: Tape, batch: int) -> bool:
+    """Whether every value ``tape`` followed would still be followed at a larger ``batch``,
+    each size taken as growing with the batch (the most it can)."""
+    from asrfit.memory.trace.tracker import shadowable_size
+
+    scale = batch / tape.batch.batch_size
+    return all(
+        all(shadowable_size(math.ceil(n * scale), integral) for n, integral in sizes)
+        for sizes, shadowed in tape.shadows
+        if shadowed
+    )
+
+
+def _counts_values(op: Any) -> bool:
+    """Whether ``op``'s output size depends on its inputs' values (boolean-mask indexing,
+    ``nonzero``, ``masked_select``): PyTorch tags such ops ``dynamic_output_shape``."""
+    import torch
+
+    return op is not None and torch.Tag.dynamic_output_shape in getattr(op, "tags", ())
+
+
+def _storage(x: int, y: int, a: int, b: int, batch: int) -> int | None:
+    """A storage's bytes at ``batch``: constant, or proportional to the batch; else None."""
+    if x == y:
+        return x
+    if x * b == y * a and (x * batch) % a == 0:
+        return x * batch // a
+    return None
+
+
+def _affine(x: int, y: int, a: int, b: int, batch: int) -> int | None:
+    """A kernel figure at ``batch`` on the line through ``(a, x)`` and ``(b, y)`` (rounded);
+    None where that line is negative there."""
+    value = round(x + (y - x) * (batch - a) / (b - a))
+    return value if value >= 0 else None
+
+
+def replayed_step(
+    tape: Tape, model: str, setup: Setup, target: str = "cuda", detail: dict | None = None
+) -> StepMemory:
+    """The :class:`StepMemory` of a replayed tape (:func:`replay`), exactly as
+    :func:`asrfit.memory.simulate.simulate_step` reports a trace of that log (``detail``: as
+    it fills its own)."""
+    from asrfit.memory.peaks import step_memory
+
+    started = time.perf_counter()
+    return step_memory(
+        tape.log,
+        model,
+        setup,
+        target,
+        tape.batch,
+        tape.steps,
+        detail,
+        cost=tape.cost(),
+        seconds=time.perf_counter() - started,
+        flops=tape.flops,
+        traced_calls=tape.traced_calls,
+        state_bytes=tape.state_bytes,
+        assumptions=list(tape.assumptions),
+    )

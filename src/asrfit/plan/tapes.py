@@ -1,0 +1,189 @@
+"""The tapes of a plan's traces, and the steps replayed from them instead of traced.
+
+Traces of one setup at one input and label length differ only in sizes, each constant or
+proportional to the batch: once two batches of a length are traced, any other batch there
+is replayed from their tapes in milliseconds, exactly as a trace would report it
+(:mod:`asrfit.memory.tape`). :class:`Tapes` keeps this run's tapes (from its own traces and its
+trace workers'), replays what it can, and names the traces that make a refinement replayable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape, StepMemory
+from asrfit.memory.tape import MIN_BATCH, Tape, replay, replayed_step
+
+
+class Tapes:
+    """This run's tapes: ``(setup, lengths, phases) -> batch -> tape``.
+
+    Args:
+        model: The model's name (:attr:`StepMemory.model`).
+        target: The traces' target ("cuda" or "cpu").
+        coarse_batches: The batches the planner traces at each length first.
+    """
+
+    def __init__(self, model: str, target: str, coarse_batches: tuple[int, ...]) -> None:
+        self.model, self.target, self.coarse_batches = model, target, coarse_batches
+        self.enabled = True  # False: keep nothing, replay nothing
+        self.replays = 0
+        self._tapes: dict[tuple, dict[int, Tape]] = {}
+
+    @staticmethod
+    def _key(batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool):
+        return (
+            repr(setup),
+            batch.input_length,
+            batch.label_length,
+            optimizer_step,
+            forward_backward,
+        )
+
+    def keep(
+        self,
+        setup: Setup,
+        optimizer_step: bool,
+        forward_backward: bool,
+        tape: Tape | None,
+        row: Any = None,
+    ) -> None:
+        """Keep ``tape`` (a trace of ``setup``; None: the trace had none); ``row``: the
+        reduced model it traced (:func:`asrfit.memory.fit.depth.scaled_step`), None: whole."""
+        if self.enabled and tape is not None and tape.batch.batch_size >= MIN_BATCH:
+            key = self._key(tape.batch, setup, optimizer_step, forward_backward)
+            key = key if row is None else (*key, row)
+            self._tapes.setdefault(key, {})[tape.batch.batch_size] = tape
+
+    def batches(
+        self,
+        batch: BatchShape,
+        setup: Setup,
+        optimizer_step: bool = False,
+        forward_backward: bool = True,
+    ) -> list[int]:
+        """Batches of ``batch``'s lengths with a tape (of the whole model, or of every reduced
+        model of a scaled step), other than its own."""
+        key = self._key(batch, setup, optimizer_step, forward_backward)
+        keys = [k for k in self._tapes if k[: len(key)] == key]
+        sets = [set(self._tapes[k]) - {batch.batch_size} for k in keys]
+        return sorted(set.intersection(*sets)) if sets else []
+
+    def replayable(
+        self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
+    ) -> bool:
+        """Whether ``batch`` has two tapes to be replayed from (replay may still refuse)."""
+        others = self.batches(batch, setup, optimizer_step, forward_backward)
+        return self.enabled and batch.batch_size >= MIN_BATCH and len(others) >= 2
+
+    def replayed(
+        self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
+    ) -> StepMemory | None:
+        """``batch`` replayed from two tapes of the whole model at its lengths, or None."""
+        key = self._key(batch, setup, optimizer_step, forward_backward)
+        step = self._replayed(key, batch, setup)
+        self.replays += step is not None
+        return step
+
+    def _replayed(
+        self, key: tuple, batch: BatchShape, setup: Setup, detail: dict | None = None
+    ) -> StepMemory | None:
+        tapes = self._tapes.get(key, {})
+        others = sorted(b for b in tapes if b != batch.batch_size)
+        if not self.enabled or batch.batch_size < MIN_BATCH or len(others) < 2:
+            return None
+        tape = replay(tapes[others[-2]], tapes[others[-1]], batch.batch_size)
+        if tape is None:
+            return None
+        return replayed_step(tape, self.model, setup, self.target, detail)
+
+    def rows(
+        self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
+    ) -> Rows:
+        """The reduced traces of a scaled step of ``batch``, replayed where they can be."""
+        return Rows(self, batch, setup, self._key(batch, setup, optimizer_step, forward_backward))
+
+    def companions(self, shapes: list[BatchShape], setup: Setup) -> list[BatchShape]:
+        """Coarse shapes to trace first so that ``shapes`` (activation traces of ``setup``)
+        can be replayed: at each of their lengths with exactly one tape, the other coarse
+        batch (with none, tracing two to replay the rest would save nothing)."""
+        if not self.enabled:
+            return []
+        out: list[BatchShape] = []
+        for s in shapes:
+            taped = self.batches(s, setup)
+            if s.batch_size < MIN_BATCH or len(taped) != 1:
+                continue
+            other = next(b for b in self.coarse_batches if b not in taped)
+            companion = replace(s, batch_size=other)
+            if companion != s and companion not in out:
+                out.append(companion)
+        return out
+
+
+class Rows:
+    """The reduced traces of one scaled step, for :func:`asrfit.memory.fit.depth.scaled_step`:
+    each replayed from its tapes where it can be, else traced and its tape kept.
+
+    Attributes:
+        kept: ``(row, tape)`` of each reduced trace traced here.
+        replayed_rows: Reduced traces replayed.
+    """
+
+    def __init__(self, tapes: Tapes, batch: BatchShape, setup: Setup, key: tuple) -> None:
+        self.tapes, self.batch, self.setup, self.key = tapes, batch, setup, key
+        self.kept: list[tuple[Any, Tape]] = []
+        self.replayed_rows = 0
+
+    def replayed(self, row: Any, detail: dict) -> StepMemory | None:
+        """The reduced trace ``row`` replayed (``detail`` filled as a trace fills it), or None."""
+        step = self.tapes._replayed((*self.key, row), self.batch, self.setup, detail)
+        self.replayed_rows += step is not None
+        return step
+
+    def keep(self, row: Any, tape: Tape) -> None:
+        """Keep the tape of the reduced trace ``row``."""
+        self.kept.append((row, tape))
+        if self.tapes.enabled and tape.batch.batch_size >= MIN_BATCH:
+            self.tapes._tapes.setdefault((*self.key, row), {})[tape.batch.batch_size] = tape
+
+    @property
+    def all_replayed(self) -> bool:
+        """Whether every reduced trace was replayed (the step is a replay, not a trace)."""
+        return self.replayed_rows > 0 and not self.kept
+
+
+#: What a trace worker hands back: the step, what it learned about tracing the setup whole
+#: (:func:`asrfit.memory.fit.depth.whole_cheaper`) and the trace's tapes, each with its row
+#: (None: the whole model).
+Traced = tuple[StepMemory, list, list[tuple[Any, Tape]]]
+
+
+def save_traced(result: Traced, path: Path) -> None:
+    """Write a trace worker's result as JSON (:func:`asrfit.plan.parallel.map_forked`)."""
+    step, learned, tapes = result
+    data = {
+        "step": step.to_dict(),
+        "whole_cheaper": learned,
+        "tapes": [[row, tape.to_dict()] for row, tape in tapes],
+    }
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def load_traced(path: Path) -> Traced:
+    """Read :func:`save_traced`'s file."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    tapes = [(_row(row), Tape.from_dict(tape)) for row, tape in data["tapes"]]
+    return StepMemory.from_dict(data["step"], where=str(path)), data["whole_cheaper"], tapes
+
+
+def _row(data: Any) -> Any:
+    """A row read back from JSON: ``((stack, layers), ...), built at reduced depth``."""
+    if data is None:
+        return None
+    counts, reduced = data
+    return tuple((name, count) for name, count in counts), bool(reduced)

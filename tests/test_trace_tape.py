@@ -1,0 +1,261 @@
+"""Tape replay (asrfit.memory.tape) against fresh traces of the same batch.
+
+The reference is :func:`asrfit.memory.simulate.simulate_step` at the replayed batch: every
+memory figure (peak, each category, each phase's and step's peak, segments, FLOPs,
+assumptions) must be equal, and the kernel rows' FLOPs and bytes equal within 0.01 % (a
+masked-frame count is a random draw at any batch). Where a step at another batch would not
+be the same log scaled, replay must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+from asrfit.memory.models.generic import speech_adapter  # noqa: E402
+from asrfit.memory.report import resolve_adapter  # noqa: E402
+from asrfit.memory.setup import Precision, Setup  # noqa: E402
+from asrfit.memory.simulate import simulate_step  # noqa: E402
+from asrfit.memory.step import BatchShape, StepAdapter, StepMemory  # noqa: E402
+from asrfit.memory.tape import Tape, replay, replayed_step  # noqa: E402
+from asrfit.models.conformer import conformer_config  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+_W2V = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=48,
+    conv_dim=(8, 8),
+    conv_stride=(5, 2),
+    conv_kernel=(10, 3),
+    num_conv_pos_embeddings=16,
+    vocab_size=12,
+    layerdrop=0.0,
+    mask_time_prob=0.3,  # SpecAugment's masked frames: a count drawn per utterance
+    mask_time_length=2,
+)
+_PARAKEET = dict(
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=24,
+    subsampling_conv_channels=4,
+    num_mel_bins=16,
+)
+
+
+def _whisper():
+    return transformers.WhisperConfig(
+        vocab_size=100,
+        num_mel_bins=8,
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=16,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=24,
+        max_source_positions=30,
+        max_target_positions=20,
+        pad_token_id=99,
+        bos_token_id=98,
+        eos_token_id=98,
+        decoder_start_token_id=97,
+    )
+
+
+CASES = {
+    "wav2vec2": (lambda: transformers.Wav2Vec2Config(**_W2V), 8000, 8),
+    "whisper": (_whisper, 60, 6),
+    "parakeet_tdt": (
+        lambda: transformers.ParakeetTDTConfig(
+            vocab_size=11,
+            blank_token_id=10,
+            pad_token_id=2,
+            decoder_hidden_size=8,
+            encoder_config=dict(_PARAKEET),
+        ),
+        128,
+        12,
+    ),
+    "conformer_ctc": (  # its float masks of B x 400 input frames are followed up to B = 10
+        lambda: conformer_config(48, encoder_layers=3, encoder_attention_heads=2),
+        400,
+        6,
+    ),
+}
+SETUPS = {
+    "fp16": Setup(precision=Precision.FP16),
+    "bf16_ckpt_first_1": Setup(precision=Precision.BF16, checkpoint_layers=1),
+}
+
+
+def _adapter(config) -> StepAdapter:
+    if getattr(config, "model_type", "") == "asrfit_conformer":
+        return resolve_adapter(config)[0]
+    return speech_adapter(config)
+
+
+def _trace(adapter: StepAdapter, shape: BatchShape, setup: Setup, target: str = "cuda"):
+    tapes: list[Tape] = []
+    step = simulate_step(
+        adapter, shape, setup, target=target, steps=1, optimizer_step=False, keep_tape=tapes
+    )
+    return step, tapes[0]
+
+
+def _assert_same_step(replayed: StepMemory, traced: StepMemory) -> None:
+    got, want = replayed.to_dict(), traced.to_dict()
+    for name in ("trace_seconds", "cost"):
+        got.pop(name), want.pop(name)
+    assert got == want
+    assert replayed.cost.flops == traced.cost.flops
+    assert replayed.cost.calls == traced.cost.calls
+    assert replayed.cost.bytes_moved == pytest.approx(traced.cost.bytes_moved, rel=1e-4)
+
+
+@pytest.mark.parametrize("setup_name", list(SETUPS))
+@pytest.mark.parametrize("family", list(CASES))
+def test_a_replayed_batch_is_the_trace_of_that_batch(family: str, setup_name: str) -> None:
+    make, length, labels = CASES[family]
+    adapter, setup = _adapter(make()), SETUPS[setup_name]
+    _, two = _trace(adapter, BatchShape(2, length, labels), setup)
+    _, four = _trace(adapter, BatchShape(4, length, labels), setup)
+    for batch in (5, 9):  # above both tapes (below, a value followed at 2 only may differ)
+        traced, _ = _trace(adapter, BatchShape(batch, length, labels), setup)
+        tape = replay(two, four, batch)
+        assert tape is not None, f"{family} {setup_name}: no replay at batch {batch}"
+        _assert_same_step(replayed_step(tape, adapter.name, setup), traced)
+
+
+def test_a_cpu_targets_step_replays_too() -> None:
+    """The CPU target adds oneDNN's scratch per convolution; the conformer's is proportional."""
+    adapter, setup = _adapter(CASES["conformer_ctc"][0]()), Setup()
+    _, two = _trace(adapter, BatchShape(2, 400, 6), setup, "cpu")
+    _, four = _trace(adapter, BatchShape(4, 400, 6), setup, "cpu")
+    traced, _ = _trace(adapter, BatchShape(7, 400, 6), setup, "cpu")
+    tape = replay(two, four, 7)
+    assert tape is not None
+    _assert_same_step(replayed_step(tape, adapter.name, setup, "cpu"), traced)
+
+
+def test_a_tape_read_back_from_json_replays_the_same() -> None:
+    make, length, labels = CASES["wav2vec2"]
+    adapter, setup = _adapter(make()), SETUPS["fp16"]
+    _, two = _trace(adapter, BatchShape(2, length, labels), setup)
+    _, four = _trace(adapter, BatchShape(4, length, labels), setup)
+    back = [Tape.from_dict(json.loads(json.dumps(t.to_dict()))) for t in (two, four)]
+    direct, read = replay(two, four, 11), replay(*back, 11)
+    assert direct is not None and read is not None
+    assert replayed_step(read, "m", setup).to_dict() | {"trace_seconds": 0} == replayed_step(
+        direct, "m", setup
+    ).to_dict() | {"trace_seconds": 0}
+
+
+def _adapter_of(forward) -> StepAdapter:
+    """A one-layer model whose loss runs ``forward(x, layer)`` on a batch of ``(B, T)``."""
+
+    def build() -> nn.Module:
+        return nn.Linear(8, 8, bias=False)
+
+    def make_inputs(shape: BatchShape, tracker: object) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(shape.batch_size, shape.input_length, 8)}
+
+    def loss(model: nn.Module, kw: dict[str, torch.Tensor]) -> torch.Tensor:
+        return forward(kw["x"], model).float().sum()
+
+    return StepAdapter("toy", build, make_inputs, loss)
+
+
+def test_a_storage_neither_constant_nor_proportional_refuses() -> None:
+    """Two rows of a learned prefix joined to the batch: ``B + 2`` rows, not ``B``."""
+    prefix = {}
+
+    def forward(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        if "rows" not in prefix:
+            prefix["rows"] = torch.zeros(2, x.shape[1], 8)
+        return layer(torch.cat([prefix["rows"].to(x), x]))
+
+    adapter = _adapter_of(forward)
+    _, two = _trace(adapter, BatchShape(2, 64, 1), Setup())
+    prefix.clear()
+    _, four = _trace(adapter, BatchShape(4, 64, 1), Setup())
+    assert replay(two, four, 8) is None
+
+
+def test_a_value_too_large_to_follow_at_the_batch_refuses() -> None:
+    """A boolean mask of ``B x T`` whose values the tracker follows at batches 2 and 4 but,
+    past 2^24 elements, no longer would: the trace there takes other rules."""
+    length = 3_000_000  # 4 x 3 M elements are followed; 6 x 3 M are not
+
+    def forward(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        lengths = torch.full((x.shape[0],), x.shape[1] - 1)
+        mask = torch.arange(x.shape[1])[None] < lengths[:, None]  # known values, (B, T)
+        return layer(x[:, :1]) * mask.sum()
+
+    adapter = _adapter_of(forward)
+    _, two = _trace(adapter, BatchShape(2, length, 1), Setup())
+    _, four = _trace(adapter, BatchShape(4, length, 1), Setup())
+    assert replay(two, four, 5) is not None
+    assert replay(two, four, 6) is None
+
+
+def test_a_setups_costs_are_the_same_with_its_refinement_replayed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The planner's fit of one setup, refined at batches well above the coarse ones: with
+    replays it traces the other coarse batch at a length once, and replays the rest."""
+    from asrfit.memory.cache import model_key
+    from asrfit.plan import costs as costs_module
+
+    monkeypatch.setenv("ASRFIT_CACHE_DIR", "off")
+    monkeypatch.setattr(costs_module, "trace_workers", lambda: 1)
+    make, length, _ = CASES["wav2vec2"]
+    adapter, setup = _adapter(make()), Setup(precision=Precision.FP16)
+    budget = simulate_step(adapter, BatchShape(12, length, 8), setup, steps=1).peak_bytes
+
+    def fit(replays: bool):
+        estimator = costs_module.CostEstimator(adapter, model_key("tape-test"), 1, 1600)
+        estimator.tapes.enabled = replays
+        return estimator, estimator.costs(setup, length, 8 / length, budget_bytes=budget)
+
+    traced, plain = fit(False)
+    replayed, costs = fit(True)
+    assert replayed.replays >= 4 and traced.replays == 0
+    assert replayed.simulations < traced.simulations
+    assert costs.memory == plain.memory
+    assert costs.flops == plain.flops
+    assert costs.optimizer_peak_bytes == plain.optimizer_peak_bytes
+
+
+def test_a_scaled_steps_reduced_traces_are_replayed_to_its_trace() -> None:
+    """A step at full depth from reduced-depth traces (asrfit.memory.fit.depth): each reduced
+    trace replayed from its tapes at batches 2 and 4 gives the step traced at 9."""
+    from asrfit.memory.fit.depth import scaled_step
+    from asrfit.plan.tapes import Tapes
+
+    adapter = _adapter(transformers.Wav2Vec2Config(**{**_W2V, "num_hidden_layers": 16}))
+    setup = SETUPS["fp16"]
+    tapes = Tapes(adapter.name, "cuda", (2, 4))
+
+    def scaled(batch: int):
+        shape = BatchShape(batch, 8000, 8)
+        rows = tapes.rows(shape, setup, False, True)
+        step = scaled_step(adapter, shape, setup, steps=1, optimizer_step=False, rows=rows)
+        assert "depth: reduced traces" in step.assumptions[-1]
+        return step, rows
+
+    scaled(2), scaled(4)
+    replayed, rows = scaled(9)
+    assert rows.all_replayed and rows.replayed_rows == 3  # the base, one more layer, the check
+    tapes.enabled = False
+    traced, rows = scaled(9)
+    assert rows.kept and not rows.replayed_rows
+    _assert_same_step(replayed, traced)
