@@ -211,7 +211,8 @@ def test_a_setups_costs_are_the_same_with_its_refinement_replayed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The planner's fit of one setup, refined at batches well above the coarse ones: with
-    replays it traces the other coarse batch at a length once, and replays the rest."""
+    replays, the refinement's batches at the longest length (traced at both coarse batches)
+    are replayed, and the fit is the same."""
     from asrfit.memory.cache import model_key
     from asrfit.plan import costs as costs_module
 
@@ -228,7 +229,7 @@ def test_a_setups_costs_are_the_same_with_its_refinement_replayed(
 
     traced, plain = fit(False)
     replayed, costs = fit(True)
-    assert replayed.replays >= 4 and traced.replays == 0
+    assert replayed.replays >= 1 and traced.replays == 0
     assert replayed.simulations < traced.simulations
     assert costs.memory == plain.memory
     assert costs.flops == plain.flops
@@ -243,7 +244,7 @@ def test_a_scaled_steps_reduced_traces_are_replayed_to_its_trace() -> None:
 
     adapter = _adapter(transformers.Wav2Vec2Config(**{**_W2V, "num_hidden_layers": 16}))
     setup = SETUPS["fp16"]
-    tapes = Tapes(adapter.name, "cuda", (2, 4))
+    tapes = Tapes(adapter.name, "cuda")
 
     def scaled(batch: int):
         shape = BatchShape(batch, 8000, 8)

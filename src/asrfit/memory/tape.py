@@ -207,7 +207,7 @@ def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
         # the tapes followed other values (a float tensor shadowed at the smaller batch only):
         # only above the larger batch, where its choices must all still hold
         larger = max(first, second, key=lambda tape: tape.batch.batch_size)
-        if batch_size < larger.batch.batch_size or not _shadows_hold(larger, batch_size):
+        if batch_size < larger.batch.batch_size or not _values_followed_at(larger, batch_size):
             return None
     blocks: dict[int, Block] = {}
     for key, x in first.log.blocks.items():
@@ -294,9 +294,10 @@ def _name(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _shadows_hold(tape: Tape, batch: int) -> bool:
+def _values_followed_at(tape: Tape, batch: int) -> bool:
     """Whether every value ``tape`` followed would still be followed at a larger ``batch``,
-    each size taken as growing with the batch (the most it can)."""
+    each size taken as growing with the batch (the most it can): where not, a trace there
+    takes other rules and a replay from ``tape`` is refused."""
     from asrfit.memory.trace.tracker import shadowable_size
 
     scale = batch / tape.batch.batch_size

@@ -10,8 +10,8 @@ Cost per setup, from traces of **one** step (half the work of two):
 - FLOPs per step ``B*(aT + bT^2 + cU)`` from the same traces (checkpointing's recompute
   included).
 
-The refinement's batches are replayed from two traces' tapes where a length has them
-(:mod:`asrfit.plan.tapes`); where it has one, the other coarse batch is traced first.
+The refinement's batches are replayed from two traces' tapes where a length has them (the
+longest, traced at both coarse batches): :mod:`asrfit.plan.tapes`.
 
 Reserved memory counts allocator segments: classic segments' rounding is fitted with each
 traced peak; expandable segments' pages (less than 22 MiB) are added as a bound. The steady
@@ -113,13 +113,14 @@ class CostEstimator:
         self.target = target
         self.simulations = 0
         # this run's tapes, and the steps replayed from them (.enabled False: trace them all)
-        self.tapes = Tapes(adapter.name, target, COARSE_BATCHES)
+        self.tapes = Tapes(adapter.name, target)
         self.depth_scaling = DEPTH_SCALING
         # the run's allocator: what the fits count of a trace's segments, and what its costs'
         # reserved figure adds (asrfit.memory.cuda.allocator.reserved_of_fitted_peak)
         self.expandable_segments = True
         self._memo: dict[str, StepMemory] = {}  # this run's traces, also with the cache off
         self._ready: dict[str, StepMemory] = {}  # traced by prefetch's workers, not yet asked for
+        self._replayed_ready: dict[str, StepMemory] = {}  # ... and replayed by it
         self._traced_here = False  # whether this process has traced (imported the model's code)
         self.progress: Any = None  # asrfit.plan.progress.TraceProgress, when shown
         self._fits: dict[tuple, tuple[PeakModel, PeakModel]] = {}
@@ -141,11 +142,9 @@ class CostEstimator:
 
         def compute() -> StepMemory:
             ready = self._ready.pop(key, None)  # traced by a worker (prefetch)
-            replayed = (
-                self.tapes.replayed(batch, setup, optimizer_step, forward_backward)
-                if ready is None
-                else None
-            )
+            replayed = self._replayed_ready.pop(key, None)  # replayed by prefetch
+            if ready is None and replayed is None:
+                replayed = self.tapes.replayed(batch, setup, optimizer_step, forward_backward)
             if replayed is not None:
                 if self.progress is not None:
                     self.progress.skip(1)
@@ -220,8 +219,10 @@ class CostEstimator:
             key = self._key(*request)
             if key in self._memo or key in self._ready or is_cached(key):
                 continue
-            if self.tapes.replayable(*request):
-                continue  # replayed when asked for
+            replayed = self.tapes.replayed(*request) if self.tapes.replayable(*request) else None
+            if replayed is not None:  # waits for its call, as a worker's trace does
+                self._replayed_ready[key] = replayed
+                continue
             todo.setdefault(key, request)
         workers = trace_workers() if len(todo) > 1 else 1
         if workers < 2:
@@ -277,10 +278,7 @@ class CostEstimator:
 
             def trace(shapes: list[BatchShape]) -> None:
                 # forward and backward are read: the optimizer step is not traced
-                companions = self.tapes.companions(shapes, base)
-                self.prefetch([(s, base, False, True) for s in companions + shapes])
-                for s in companions:  # traced for their tapes only: not points of the fit
-                    self._simulate(s, base, "tape", False)
+                self.prefetch([(s, base, False, True) for s in shapes])
                 for s in shapes:
                     step = self._simulate(s, base, "activations", False)
                     # Step 1 has no optimizer state during forward/backward (made afterwards).
