@@ -22,7 +22,9 @@ anything but sizes, or when any other storage's size is neither constant nor pro
 the batch (a kernel workspace of ``max(input + weight, output)`` is neither: it may switch
 branch at a larger batch), unless it is a tensor with one dimension growing with the batch
 (then its storage, a strided layout's extent that may end short of its last row's padding,
-is affine in the batch), or a kernel's figures fall below zero on their line.
+is affine in the batch), or a kernel's figures fall below zero on their line, or the tracker
+would follow other values at that batch (those past its size limit for followed values: the
+trace there would take other rules).
 """
 
 from __future__ import annotations

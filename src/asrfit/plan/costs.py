@@ -126,7 +126,6 @@ class CostEstimator:
         self._fits: dict[tuple, tuple[PeakModel, PeakModel]] = {}
         self._optimizer: dict[tuple, StepMemory] = {}
         self._time_points: dict[tuple, list[tuple[int, int, int, StepCost]]] = {}
-        # tapes of this run's traces: (setup, lengths, phases) -> batch -> tape
         self._last_tapes: list[tuple[Any, Tape]] = []  # the latest trace's (for a worker)
         self._replayed_rows = False  # whether it replayed every reduced trace of a scaled step
 
@@ -195,8 +194,8 @@ class CostEstimator:
             step = simulate_step(self.adapter, batch, setup, **common)
         self._last_tapes = [(None, tape) for tape in tapes] + rows.kept
         self._replayed_rows = rows.all_replayed and not tapes
-        for row, tape in [(None, tape) for tape in tapes]:
-            self.tapes.keep(setup, optimizer_step, forward_backward, tape, row)
+        for tape in tapes:  # a whole model's (a scaled step's rows keep their own)
+            self.tapes.keep(setup, optimizer_step, forward_backward, tape)
         return step
 
     @property
