@@ -19,8 +19,8 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
-from asrfit.memory.models.generic import speech_adapter  # noqa: E402
-from asrfit.memory.report import resolve_adapter  # noqa: E402
+from test_depth_scaling import _PARAKEET, _W2V, _adapter, _whisper  # noqa: E402
+
 from asrfit.memory.setup import Precision, Setup  # noqa: E402
 from asrfit.memory.simulate import simulate_step  # noqa: E402
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory  # noqa: E402
@@ -29,52 +29,13 @@ from asrfit.models.conformer import conformer_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-_W2V = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=48,
-    conv_dim=(8, 8),
-    conv_stride=(5, 2),
-    conv_kernel=(10, 3),
-    num_conv_pos_embeddings=16,
-    vocab_size=12,
-    layerdrop=0.0,
-    mask_time_prob=0.3,  # SpecAugment's masked frames: a count drawn per utterance
-    mask_time_length=2,
-)
-_PARAKEET = dict(
-    hidden_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=24,
-    subsampling_conv_channels=4,
-    num_mel_bins=16,
-)
-
-
-def _whisper():
-    return transformers.WhisperConfig(
-        vocab_size=100,
-        num_mel_bins=8,
-        encoder_layers=2,
-        decoder_layers=2,
-        d_model=16,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=24,
-        decoder_ffn_dim=24,
-        max_source_positions=30,
-        max_target_positions=20,
-        pad_token_id=99,
-        bos_token_id=98,
-        eos_token_id=98,
-        decoder_start_token_id=97,
-    )
+# two layers; SpecAugment's masked frames: a count drawn per utterance
+_W2V_MASKED = {**_W2V, "num_hidden_layers": 2, "mask_time_prob": 0.3, "mask_time_length": 2}
+_PARAKEET_2 = {**_PARAKEET, "num_hidden_layers": 2}
 
 
 CASES = {
-    "wav2vec2": (lambda: transformers.Wav2Vec2Config(**_W2V), 8000, 8),
+    "wav2vec2": (lambda: transformers.Wav2Vec2Config(**_W2V_MASKED), 8000, 8),
     "whisper": (_whisper, 60, 6),
     "parakeet_tdt": (
         lambda: transformers.ParakeetTDTConfig(
@@ -82,7 +43,7 @@ CASES = {
             blank_token_id=10,
             pad_token_id=2,
             decoder_hidden_size=8,
-            encoder_config=dict(_PARAKEET),
+            encoder_config=dict(_PARAKEET_2),
         ),
         128,
         12,
@@ -97,12 +58,6 @@ SETUPS = {
     "fp16": Setup(precision=Precision.FP16),
     "bf16_ckpt_first_1": Setup(precision=Precision.BF16, checkpoint_layers=1),
 }
-
-
-def _adapter(config) -> StepAdapter:
-    if getattr(config, "model_type", "") == "asrfit_conformer":
-        return resolve_adapter(config)[0]
-    return speech_adapter(config)
 
 
 def _trace(adapter: StepAdapter, shape: BatchShape, setup: Setup, target: str = "cuda"):
@@ -248,7 +203,7 @@ def test_a_scaled_steps_reduced_traces_are_replayed_to_its_trace() -> None:
     from asrfit.memory.fit.depth import scaled_step
     from asrfit.plan.tapes import Tapes
 
-    adapter = _adapter(transformers.Wav2Vec2Config(**{**_W2V, "num_hidden_layers": 16}))
+    adapter = _adapter(transformers.Wav2Vec2Config(**{**_W2V_MASKED, "num_hidden_layers": 16}))
     setup = SETUPS["fp16"]
     tapes = Tapes(adapter.name, "cuda")
 

@@ -52,9 +52,12 @@ class Tapes:
     ) -> None:
         """Keep ``tape`` (a trace of ``setup``; None: the trace had none); ``row``: the
         reduced model it traced (:func:`asrfit.memory.fit.depth.scaled_step`), None: whole."""
-        if self.enabled and tape is not None and tape.batch.batch_size >= MIN_BATCH:
+        if tape is not None:
             key = self._key(tape.batch, setup, optimizer_step, forward_backward)
-            key = key if row is None else (*key, row)
+            self._store(key if row is None else (*key, row), tape)
+
+    def _store(self, key: tuple, tape: Tape) -> None:
+        if self.enabled and tape.batch.batch_size >= MIN_BATCH:
             self._tapes.setdefault(key, {})[tape.batch.batch_size] = tape
 
     def batches(
@@ -129,8 +132,7 @@ class Rows:
     def keep(self, row: Any, tape: Tape) -> None:
         """Keep the tape of the reduced trace ``row``."""
         self.kept.append((row, tape))
-        if self.tapes.enabled and tape.batch.batch_size >= MIN_BATCH:
-            self.tapes._tapes.setdefault((*self.key, row), {})[tape.batch.batch_size] = tape
+        self.tapes._store((*self.key, row), tape)
 
     @property
     def all_replayed(self) -> bool:
