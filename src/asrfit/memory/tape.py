@@ -29,6 +29,7 @@ trace there would take other rules).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import Counter
@@ -41,6 +42,8 @@ from asrfit.memory.steptime.roofline import StepCost
 
 if TYPE_CHECKING:  # the tracker imports torch: a warm plan, which only holds tapes, does not
     from asrfit.memory.trace.tracker import Block, TraceLog
+
+log = logging.getLogger(__name__)
 
 #: Smallest batch a tape may be recorded or replayed at (a batch of one takes other paths).
 MIN_BATCH = 2
@@ -182,35 +185,67 @@ class Tape:
 def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
     """``first`` and ``second`` (one shape at two batch sizes) at ``batch_size``, or None.
 
+    Why a replay is refused is logged at debug level (logger ``asrfit.memory.tape``).
+
     Args:
         first: A tape at batch ``a``, at least :data:`MIN_BATCH`.
         second: The same input and label lengths at another batch ``b``.
         batch_size: The batch to replay at, at least :data:`MIN_BATCH`.
     """
+    tape = _replayed(first, second, batch_size)
+    if isinstance(tape, str):
+        log.debug(
+            "no replay at batch %d from batches %d and %d (%s): %s",
+            batch_size,
+            first.batch.batch_size,
+            second.batch.batch_size,
+            first.batch,
+            tape,
+        )
+        return None
+    return tape
+
+
+def _unlike(first: Tape, second: Tape) -> str | None:
+    """What, other than sizes, differs between two tapes; None where nothing does."""
+    if (first.batch.input_length, first.batch.label_length) != (
+        second.batch.input_length,
+        second.batch.label_length,
+    ):
+        return "the tapes are of other lengths"
+    for name in ("steps", "traced_calls", "state_bytes", "assumptions"):
+        if getattr(first, name) != getattr(second, name):
+            return f"the tapes' {name} differ"
+    if len(first.log.blocks) != len(second.log.blocks):
+        return f"{len(first.log.blocks)} and {len(second.log.blocks)} storages"
+    if first.log.events != second.log.events:
+        pairs = zip(first.log.events, second.log.events, strict=False)
+        at, (x, _) = next((i, p) for i, p in enumerate(pairs) if p[0] != p[1])
+        op = first.log.blocks[x[0]].op
+        return f"allocations and frees differ from event {at} (storage {x[0]}, {op})"
+    if first.log.merged != second.log.merged:
+        return "other storages merged"
+    if len(first.calls) != len(second.calls):
+        return f"{len(first.calls)} and {len(second.calls)} kernel calls"
+    return None
+
+
+def _replayed(first: Tape, second: Tape, batch_size: int) -> Tape | str:
+    """:func:`replay`'s tape, or why there is none."""
     from asrfit.memory.trace.tracker import TraceLog
 
     a, b = first.batch.batch_size, second.batch.batch_size
-    if (
-        min(a, b, batch_size) < MIN_BATCH
-        or a == b
-        or (first.batch.input_length, first.batch.label_length)
-        != (second.batch.input_length, second.batch.label_length)
-        or first.steps != second.steps
-        or first.log.events != second.log.events
-        or first.log.merged != second.log.merged
-        or len(first.log.blocks) != len(second.log.blocks)
-        or len(first.calls) != len(second.calls)
-        or first.traced_calls != second.traced_calls
-        or first.state_bytes != second.state_bytes
-        or first.assumptions != second.assumptions
-    ):
-        return None
+    if min(a, b, batch_size) < MIN_BATCH or a == b:
+        return f"batches below {MIN_BATCH} or alike"
+    unlike = _unlike(first, second)
+    if unlike:
+        return unlike
     if not _same_shadows(first.shadows, second.shadows, a, b, batch_size):
         # the tapes followed other values (a float tensor shadowed at the smaller batch only):
         # only above the larger batch, where its choices must all still hold
         larger = max(first, second, key=lambda tape: tape.batch.batch_size)
         if batch_size < larger.batch.batch_size or not _values_followed_at(larger, batch_size):
-            return None
+            return "the tracker would follow other values"
     blocks: dict[int, Block] = {}
     for key, x in first.log.blocks.items():
         y = second.log.blocks[key]
@@ -223,7 +258,7 @@ def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
             y.region,
             len(y.shape),
         ):
-            return None
+            return f"storage {key} is made otherwise"
         dims = [_storage(i, j, a, b, batch_size) for i, j in zip(x.shape, y.shape, strict=True)]
         nbytes = _storage(x.nbytes, y.nbytes, a, b, batch_size)
         if (
@@ -241,29 +276,27 @@ def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
             # at any batch): the larger size per utterance of the two
             nbytes = -(-max(x.nbytes * b, y.nbytes * a) * batch_size // (a * b))
         if nbytes is None or nbytes < 0:
-            return None
+            return f"storage {key} ({x.op}) is {x.nbytes} and {y.nbytes} bytes: not a rule"
         shape = tuple(i if d is None else d for i, d in zip(x.shape, dims, strict=True))
         blocks[key] = replace(x, nbytes=nbytes, shape=shape)
     calls: list[Call] = []
     for (step, x, weight), (step_y, y, weight_y) in zip(first.calls, second.calls, strict=True):
-        if (step, weight, x[:3], x[5]) != (step_y, weight_y, y[:3], y[5]):
-            return None
-        if (x[6] is None) != (y[6] is None):
-            return None
+        if (step, weight, x[:3], x[5]) != (step_y, weight_y, y[:3], y[5]) or (x[6] is None) != (
+            y[6] is None
+        ):
+            return f"other kernel calls ({x[:3]}, {y[:3]})"
         figures = [_affine(i, j, a, b, batch_size) for i, j in ((x[3], y[3]), (x[4], y[4]))]
         shape = None
         if x[6] is not None:  # a CPU attention row's shape: batch x heads, then lengths
             if len(x[6]) != len(y[6]) or x[6][1:] != y[6][1:]:
-                return None
+                return f"other attention shapes ({x[6]}, {y[6]})"
             shape = (_affine(x[6][0], y[6][0], a, b, batch_size), *x[6][1:])
-            if shape[0] is None:
-                return None
-        if None in figures:
-            return None
+        if None in figures or (shape is not None and shape[0] is None):
+            return f"a kernel's figures fall below zero ({x[:3]})"
         calls.append((step, (*x[:3], *figures, x[5], shape), weight))
     flops = _affine(first.flops, second.flops, a, b, batch_size)
     if flops is None:
-        return None
+        return "FLOPs fall below zero"
     log = TraceLog(blocks, list(first.log.events), dict(first.log.merged))
     return replace(
         first,

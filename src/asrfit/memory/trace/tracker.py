@@ -103,6 +103,39 @@ def shadowable_size(numel: int, integral: bool) -> bool:
     return numel <= (_MAX_SHADOW_NUMEL if integral else _MAX_SMALL_SHADOW_NUMEL)
 
 
+# FakeTensorMode's dispatch cache (shared by every mode in the process) rebuilds each output
+# of a cached call with its own storage, so that outputs one kernel returns as one storage
+# (mkldnn_rnn_layer_backward returns its bias gradient twice) count once on a miss and twice
+# on a hit: a trace would hang on what traces ran before it in the process. An op whose first
+# call returns a storage twice (an input's aside: views) runs uncached from then on.
+_SHARES_OUTPUTS: dict[Any, bool] = {}
+
+
+def _call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)``, uncached where its outputs share storages."""
+    shares = _SHARES_OUTPUTS.get(func)
+    if shares is None and len(func._schema.returns) < 2:
+        shares = _SHARES_OUTPUTS[func] = False
+    if shares is False:
+        return func(*args, **kwargs)
+    mode = next(
+        (t.fake_mode for t in tensors_in((args, kwargs)) if isinstance(t, FakeTensor)), None
+    )
+    if mode is None:
+        return func(*args, **kwargs)
+    cached, mode.cache_enabled = mode.cache_enabled, False
+    try:
+        out = func(*args, **kwargs)
+    finally:
+        mode.cache_enabled = cached
+    if shares is None:
+        inputs = {t.untyped_storage()._cdata for t in tensors_in((args, kwargs))}
+        made = [t.untyped_storage()._cdata for t in tensors_in(out)]
+        made = [cdata for cdata in made if cdata not in inputs]
+        _SHARES_OUTPUTS[func] = len(set(made)) < len(made)
+    return out
+
+
 def _mutated_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """Tensors an op writes to in place (``Tensor(a!)`` and ``Tensor(a!)[]`` arguments)."""
     schema = getattr(func, "_schema", None)
@@ -334,7 +367,9 @@ class StorageTracker(TorchDispatchMode):
             return device
         kwargs = kwargs or {}
         handler = self._handlers.get(func)
-        out = handler(self, func, args, kwargs) if handler is not None else func(*args, **kwargs)
+        out = (
+            handler(self, func, args, kwargs) if handler is not None else _call(func, args, kwargs)
+        )
         count = flop_registry.get(func._overloadpacket)
         if count is not None:
             self.flops += count(*args, **kwargs, out_val=out)
