@@ -94,7 +94,7 @@ def test_spec_augment_spans_with_unknown_mask_values(monkeypatch: pytest.MonkeyP
     cfg = _tiny_wav2vec2(0.5)
     batch = BatchShape(4, 4000, 10)
     known = simulate_step(hf_adapter(cfg), batch, Setup())
-    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_NUMEL", 1000)  # masks are 4 x 4000
+    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 1000)  # masks are 4 x 4000
     unknown = simulate_step(hf_adapter(cfg), batch, Setup())
     assert any("_compute_mask_indices" in a for a in unknown.assumptions)
     assert not any("_compute_mask_indices" in a for a in known.assumptions)

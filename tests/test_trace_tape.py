@@ -170,21 +170,45 @@ def test_a_storage_neither_constant_nor_proportional_refuses() -> None:
     assert replay(two, four, 8) is None
 
 
-def test_a_value_too_large_to_follow_at_the_batch_refuses() -> None:
-    """A boolean mask of ``B x T`` whose values the tracker follows at batches 2 and 4 but,
-    past 2^24 elements, no longer would: the trace there takes other rules."""
-    length = 3_000_000  # 4 x 3 M elements are followed; 6 x 3 M are not
+def _masked(read: bool):
+    """A model whose step makes a boolean mask of ``B x T`` from known lengths; ``read``: its
+    values pick frames (boolean indexing reads them), else only its sum scales the loss."""
 
     def forward(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-        lengths = torch.full((x.shape[0],), x.shape[1] - 1)
-        mask = torch.arange(x.shape[1])[None] < lengths[:, None]  # known values, (B, T)
+        lengths = torch.full((x.shape[0],), x.shape[1] - 1, dtype=torch.int32)
+        frames = torch.arange(x.shape[1], dtype=torch.int32)
+        mask = frames[None] < lengths[:, None]  # known values: booleans, (B, T)
+        if read:
+            return layer(x[mask][:1])
         return layer(x[:, :1]) * mask.sum()
 
-    adapter = _adapter_of(forward)
+    return _adapter_of(forward)
+
+
+def test_a_value_read_but_too_large_to_follow_at_the_batch_refuses() -> None:
+    """The tracker follows the mask's values at batches 2 and 4 but, past 2^27 booleans, no
+    longer would: the frames it picks are then sized by a pessimistic rule, not counted."""
+    length = 24_000_000  # 5 x 24 M booleans are followed; 6 x 24 M are not
+    adapter = _masked(read=True)
     _, two = _trace(adapter, BatchShape(2, length, 1), Setup())
     _, four = _trace(adapter, BatchShape(4, length, 1), Setup())
     assert replay(two, four, 5) is not None
     assert replay(two, four, 6) is None
+
+
+def test_a_value_followed_but_never_read_replays_past_the_size_limit() -> None:
+    """Whether the tracker follows values that nothing reads changes nothing in the trace:
+    the mask's values, followed at batches 2 and 4 only, do not stop a replay at 6 or 9, and
+    the replay is the trace there."""
+    length = 24_000_000
+    adapter = _masked(read=False)
+    _, two = _trace(adapter, BatchShape(2, length, 1), Setup())
+    _, four = _trace(adapter, BatchShape(4, length, 1), Setup())
+    for batch in (6, 9):
+        traced, _ = _trace(adapter, BatchShape(batch, length, 1), Setup())
+        tape = replay(two, four, batch)
+        assert tape is not None
+        _assert_same_step(replayed_step(tape, adapter.name, Setup()), traced)
 
 
 def test_a_setups_costs_are_the_same_with_its_refinement_replayed(

@@ -250,7 +250,13 @@ def simulate_step(
         "assumptions": assumptions,
     }
     if keep_tape is not None:
-        shadows = tracker.shadow_sizes or []
+        # the choices a read value derives from, and those not to follow values (a smaller
+        # batch could follow them); a choice to follow values nothing read changes nothing
+        shadows = [
+            choice
+            for i, choice in enumerate(tracker.shadow_sizes or [])
+            if not choice[1] or i in tracker.read_shadows
+        ]
         tape = Tape.of(tracker.log, counter.calls or [], batch, steps, shadows=shadows, **figures)
         keep_tape.append(tape)
     return step_memory(

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 MIN_BATCH = 2
 
 Call = tuple[int, tuple, int]  # (step, OpCounter row key, weight)
-Shadow = tuple[tuple[tuple[int, bool], ...], bool]  # StorageTracker.shadow_sizes' entries
+Shadow = tuple[tuple[tuple[int, int], ...], bool]  # StorageTracker.shadow_sizes' entries
 
 
 @dataclass
@@ -156,7 +156,7 @@ class Tape:
             for step, key, shape, weight in data["calls"]
         ]
         shadows = [
-            (tuple((n, integral) for n, integral in sizes), shadowed)
+            (tuple((n, int(integer_bytes)) for n, integer_bytes in sizes), shadowed)
             for sizes, shadowed in data["shadows"]
         ]
         return cls(
@@ -240,12 +240,16 @@ def _replayed(first: Tape, second: Tape, batch_size: int) -> Tape | str:
     unlike = _unlike(first, second)
     if unlike:
         return unlike
-    if not _same_shadows(first.shadows, second.shadows, a, b, batch_size):
+    unlike = _shadows_unlike(first.shadows, second.shadows, a, b, batch_size)
+    if unlike:
         # the tapes followed other values (a float tensor shadowed at the smaller batch only):
         # only above the larger batch, where its choices must all still hold
         larger = max(first, second, key=lambda tape: tape.batch.batch_size)
-        if batch_size < larger.batch.batch_size or not _values_followed_at(larger, batch_size):
-            return "the tracker would follow other values"
+        if batch_size < larger.batch.batch_size:
+            return f"the tracker would follow other values ({unlike})"
+        unfollowed = _values_unfollowed_at(larger, batch_size)
+        if unfollowed:
+            return f"the tracker would follow other values ({unfollowed})"
     blocks: dict[int, Block] = {}
     for key, x in first.log.blocks.items():
         y = second.log.blocks[key]
@@ -307,40 +311,44 @@ def _replayed(first: Tape, second: Tape, batch_size: int) -> Tape | str:
     )
 
 
-def _same_shadows(first: list[Shadow], second: list[Shadow], a: int, b: int, batch: int) -> bool:
-    """Whether every choice to shadow values would be made alike at ``batch``."""
+def _shadows_unlike(
+    first: list[Shadow], second: list[Shadow], a: int, b: int, batch: int
+) -> str | None:
+    """The first choice to shadow values that would not be made alike at ``batch``, or None."""
     from asrfit.memory.trace.tracker import shadowable_size
 
     if len(first) != len(second):
-        return False
+        return f"{len(first)} and {len(second)} choices to follow values"
     for (sizes, shadowed), (other, shadowed_too) in zip(first, second, strict=True):
         if shadowed != shadowed_too or [i for _, i in sizes] != [i for _, i in other]:
-            return False
+            return f"values of {sizes} and {other} followed: {shadowed}, {shadowed_too}"
         numels = [_storage(x, y, a, b, batch) for (x, _), (y, _) in zip(sizes, other, strict=True)]
         if None in numels:
-            return False
-        integral = [i for _, i in sizes]
-        if all(shadowable_size(n, i) for n, i in zip(numels, integral, strict=True)) != shadowed:
-            return False
-    return True
+            return f"values of {sizes} and {other}: not a rule"
+        kinds = [i for _, i in sizes]
+        if all(shadowable_size(n, i) for n, i in zip(numels, kinds, strict=True)) != shadowed:
+            return f"values of {numels} elements followed: {not shadowed}"
+    return None
 
 
 def _name(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _values_followed_at(tape: Tape, batch: int) -> bool:
-    """Whether every value ``tape`` followed would still be followed at a larger ``batch``,
-    each size taken as growing with the batch (the most it can): where not, a trace there
-    takes other rules and a replay from ``tape`` is refused."""
+def _values_unfollowed_at(tape: Tape, batch: int) -> str | None:
+    """A value ``tape`` followed that would not be followed at a larger ``batch``, each size
+    taken as growing with the batch (the most it can), or None: where there is one, a trace
+    there takes other rules and a replay from ``tape`` is refused."""
     from asrfit.memory.trace.tracker import shadowable_size
 
     scale = batch / tape.batch.batch_size
-    return all(
-        all(shadowable_size(math.ceil(n * scale), integral) for n, integral in sizes)
-        for sizes, shadowed in tape.shadows
-        if shadowed
-    )
+    for sizes, shadowed in tape.shadows:
+        if shadowed and not all(
+            shadowable_size(math.ceil(n * scale), integer_bytes) for n, integer_bytes in sizes
+        ):
+            at = tape.batch.batch_size
+            return f"values of {sizes} elements followed at batch {at}, not at {batch}"
+    return None
 
 
 def _counts_values(op: Any) -> bool:

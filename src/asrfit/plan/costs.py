@@ -34,7 +34,7 @@ from asrfit.memory.steptime.roofline import StepCost
 from asrfit.memory.tape import Tape
 from asrfit.plan.parallel import map_forked, trace_workers
 from asrfit.plan.setup_costs import SetupCosts
-from asrfit.plan.tapes import Tapes, load_traced, save_traced
+from asrfit.plan.tapes import Tapes, Traced, load_traced, save_traced
 
 #: A simulation as :meth:`CostEstimator._simulate` asks for it:
 #: ``(batch, setup, optimizer_step, forward_backward)``.
@@ -120,6 +120,7 @@ class CostEstimator:
         self.expandable_segments = True
         self._memo: dict[str, StepMemory] = {}  # this run's traces, also with the cache off
         self._ready: dict[str, StepMemory] = {}  # traced by prefetch's workers, not yet asked for
+        self._ready_replays: dict[str, bool] = {}  # ... whether it replayed every reduced trace
         self._replayed_ready: dict[str, StepMemory] = {}  # ... and replayed by it
         self._traced_here = False  # whether this process has traced (imported the model's code)
         self.progress: Any = None  # asrfit.plan.progress.TraceProgress, when shown
@@ -155,7 +156,8 @@ class CostEstimator:
                 if ready is not None
                 else self.trace(batch, setup, optimizer_step, forward_backward)
             )
-            if ready is None and self._replayed_rows:  # every reduced trace was replayed
+            # every reduced trace replayed: by the worker, or by the trace here
+            if self._ready_replays.pop(key) if ready is not None else self._replayed_rows:
                 self.tapes.replays += 1
             else:
                 self.simulations += 1
@@ -231,21 +233,22 @@ class CostEstimator:
             # built it yet) and warms the fake-tensor caches: here, once, for workers to share
             key = next(iter(todo))
             self._ready[key] = self.trace(*todo.pop(key))
+            self._ready_replays[key] = self._replayed_rows
         from asrfit.memory.fit.depth import learn_whole_cheaper, whole_cheaper
 
-        def job(request: Request) -> tuple[StepMemory, list, list[tuple[Any, Tape]]]:
+        def job(request: Request) -> Traced:
             # with what the trace taught this process about tracing the setup whole
             # (asrfit.memory.fit.depth), so that the planner's later traces follow it too,
-            # and the trace's tape
+            # the trace's tapes, and whether it replayed every reduced trace
             step = self.trace(*request)
-            return step, whole_cheaper(self.adapter), self._last_tapes
+            return step, whole_cheaper(self.adapter), self._last_tapes, self._replayed_rows
 
         jobs = [functools.partial(job, request) for request in todo.values()]
         for (key, request), result in zip(
             todo.items(), map_forked(jobs, workers, save_traced, load_traced), strict=True
         ):
             if result is not None:
-                self._ready[key] = result[0]
+                self._ready[key], self._ready_replays[key] = result[0], result[3]
                 learn_whole_cheaper(self.adapter, result[1])
                 for row, tape in result[2]:
                     self.tapes.keep(request[1], request[2], request[3], tape, row)

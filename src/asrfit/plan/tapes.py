@@ -141,18 +141,19 @@ class Rows:
 
 
 #: What a trace worker hands back: the step, what it learned about tracing the setup whole
-#: (:func:`asrfit.memory.fit.depth.whole_cheaper`) and the trace's tapes, each with its row
-#: (None: the whole model).
-Traced = tuple[StepMemory, list, list[tuple[Any, Tape]]]
+#: (:func:`asrfit.memory.fit.depth.whole_cheaper`), the trace's tapes, each with its row
+#: (None: the whole model), and whether it replayed every reduced trace instead of tracing.
+Traced = tuple[StepMemory, list, list[tuple[Any, Tape]], bool]
 
 
 def save_traced(result: Traced, path: Path) -> None:
     """Write a trace worker's result as JSON (:func:`asrfit.plan.parallel.map_forked`)."""
-    step, learned, tapes = result
+    step, learned, tapes, replayed = result
     data = {
         "step": step.to_dict(),
         "whole_cheaper": learned,
         "tapes": [[row, tape.to_dict()] for row, tape in tapes],
+        "replayed": replayed,
     }
     path.write_text(json.dumps(data), encoding="utf-8")
 
@@ -161,7 +162,8 @@ def load_traced(path: Path) -> Traced:
     """Read :func:`save_traced`'s file."""
     data = json.loads(path.read_text(encoding="utf-8"))
     tapes = [(_row(row), Tape.from_dict(tape)) for row, tape in data["tapes"]]
-    return StepMemory.from_dict(data["step"], where=str(path)), data["whole_cheaper"], tapes
+    step = StepMemory.from_dict(data["step"], where=str(path))
+    return step, data["whole_cheaper"], tapes, data["replayed"]
 
 
 def _row(data: Any) -> Any:

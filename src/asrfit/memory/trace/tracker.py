@@ -8,8 +8,9 @@ during the trace.
 
 Values: the sizes a step allocates can depend on the *values* of small integer tensors
 (sequence lengths, label masks). Such tensors get a real shadow copy: when every input
-of an op has a known value and the op yields integers or booleans (or any tensor of at
-most 4096 elements, e.g. lengths computed in float), it is also run on the real shadows.
+of an op has a known value and the op yields integers or booleans of at most 128 MiB (or
+any tensor of at most 4096 elements, e.g. lengths computed in float), it is also run on the
+real shadows.
 Seeded random ops never get a shadow, so a random draw stays unknown and the trace
 stays deterministic. ``.item()``, ``masked_select``, ``nonzero`` and the CTC loss then see the
 true lengths. Only values that are unknowable (random coin flips, values computed from
@@ -35,9 +36,10 @@ from asrfit.memory.trace.values import device_query, tensors_in, user_frame
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK_BYTES = 512
-# Integer/bool tensors up to this many elements get a real shadow value; so do tensors of
-# any dtype up to _MAX_SMALL_SHADOW_NUMEL (lengths computed in float, scalars).
-_MAX_SHADOW_NUMEL = 1 << 24
+# Integer/bool tensors up to this many bytes get a real shadow value (an int64 tensor of
+# 2^24 elements; a boolean mask of 2^27); so do tensors of any dtype up to
+# _MAX_SMALL_SHADOW_NUMEL elements (lengths computed in float, scalars).
+_MAX_SHADOW_BYTES = 1 << 27
 _MAX_SMALL_SHADOW_NUMEL = 4096
 _INT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 
@@ -93,14 +95,21 @@ class TraceLog:
     merged: dict[int, int] = field(default_factory=dict)
 
 
+def _integer_bytes(t: torch.Tensor) -> int:
+    """The element size of an integer or boolean tensor; 0 for any other dtype."""
+    return t.element_size() if t.dtype in _INT_DTYPES else 0
+
+
 def _shadowable(t: torch.Tensor) -> bool:
-    return shadowable_size(t.numel(), t.dtype in _INT_DTYPES)
+    return shadowable_size(t.numel(), _integer_bytes(t))
 
 
-def shadowable_size(numel: int, integral: bool) -> bool:
-    """Whether a tensor of ``numel`` elements (integers or booleans: ``integral``) gets a real
-    shadow value."""
-    return numel <= (_MAX_SHADOW_NUMEL if integral else _MAX_SMALL_SHADOW_NUMEL)
+def shadowable_size(numel: int, integer_bytes: int) -> bool:
+    """Whether a tensor of ``numel`` elements gets a real shadow value; ``integer_bytes``:
+    its element size where it holds integers or booleans, else 0."""
+    if integer_bytes:
+        return numel * integer_bytes <= _MAX_SHADOW_BYTES
+    return numel <= _MAX_SMALL_SHADOW_NUMEL
 
 
 # FakeTensorMode's dispatch cache (shared by every mode in the process) rebuilds each output
@@ -176,8 +185,13 @@ class StorageTracker(TorchDispatchMode):
         self.count_saved_scalars = False
         self._saved_scalars: list[int] = []
         # When a list: each choice to shadow an op's outputs or not, where the inputs' values
-        # were known: ``(((numel, integral), ...), shadowed)`` (asrfit.memory.tape)
+        # were known: ``(((numel, integer_bytes), ...), shadowed)`` (asrfit.memory.tape)
         self.shadow_sizes: list[tuple[tuple[tuple[int, bool], ...], bool]] | None = None
+        # While shadow_sizes is kept: the choices each shadow value was derived through, and
+        # those behind a value that was read (value_of): a choice no read value derives from
+        # changes nothing in the trace but which values are kept
+        self.read_shadows: set[int] = set()
+        self._origins = WeakTensorKeyDictionary()  # fake tensor -> frozenset of choices
 
     # -- storages ---------------------------------------------------------------
     def _track(self, t: torch.Tensor, tag: str | None = None, op: Any = None) -> int | None:
@@ -281,7 +295,16 @@ class StorageTracker(TorchDispatchMode):
         self._values[fake] = real
 
     def value_of(self, t: Any) -> Any:
-        """The real value behind a fake tensor, ``None`` when unknown; non-tensors pass through."""
+        """The real value behind a fake tensor, ``None`` when unknown; non-tensors pass through.
+
+        For a consumer of values (a data-dependent op's rule, a kernel's branch): while
+        :attr:`shadow_sizes` is kept, the choices the value derives from are counted as read."""
+        value = self._value(t)
+        if value is not None and self.shadow_sizes is not None and isinstance(t, FakeTensor):
+            self.read_shadows.update(self._origins.get(t, ()))
+        return value
+
+    def _value(self, t: Any) -> Any:
         if isinstance(t, torch.Tensor):
             if not isinstance(t, FakeTensor):  # a real constant on its way into fake mode
                 return t
@@ -300,6 +323,7 @@ class StorageTracker(TorchDispatchMode):
         samples, 8 bytes each: 800 MB) stayed resident into the next trace.
         """
         self._values = WeakTensorKeyDictionary()
+        self._origins = WeakTensorKeyDictionary()
 
     def assume(self, op: str, rule: str) -> None:
         """Record a pessimistic assumption made where a value could not be known."""
@@ -315,17 +339,18 @@ class StorageTracker(TorchDispatchMode):
             self._forget(mutated)  # random draws (dropout, layerdrop coin flips) stay unknown
             return
         shadowable = all(_shadowable(t) for t in outs + mutated)
-        # a tape's record of each size-bound choice (asrfit.memory.tape): where the
-        # inputs' values are known, whether the outputs were small enough to shadow
-        if self.shadow_sizes is not None and all(
-            self.value_of(t) is not None for t in tensors_in((args, kwargs))
-        ):
-            sizes = tuple((t.numel(), t.dtype in _INT_DTYPES) for t in outs + mutated)
-            self.shadow_sizes.append((sizes, shadowable))
-        if not shadowable:
+        inputs = tensors_in((args, kwargs))
+        if any(self._value(t) is None for t in inputs):
             self._forget(mutated)
             return
-        if any(self.value_of(t) is None for t in tensors_in((args, kwargs))):
+        choice = None
+        if self.shadow_sizes is not None:
+            # a tape's record of each size-bound choice (asrfit.memory.tape): where the
+            # inputs' values are known, whether the outputs were small enough to shadow
+            choice = len(self.shadow_sizes)
+            sizes = tuple((t.numel(), _integer_bytes(t)) for t in outs + mutated)
+            self.shadow_sizes.append((sizes, shadowable))
+        if not shadowable:
             self._forget(mutated)
             return
         known = True
@@ -333,7 +358,7 @@ class StorageTracker(TorchDispatchMode):
         def real(x: Any) -> Any:
             nonlocal known
             if isinstance(x, torch.Tensor):
-                v = self.value_of(x)
+                v = self._value(x)
                 if v is None:
                     known = False
                 return v
@@ -353,10 +378,15 @@ class StorageTracker(TorchDispatchMode):
         routs = tensors_in(rout)
         for f, r in zip(outs, routs, strict=False):
             self._values[f] = r
+        if choice is not None:
+            origin = frozenset({choice}).union(*(self._origins.get(t, ()) for t in inputs))
+            for f in outs + mutated:
+                self._origins[f] = origin
 
     def _forget(self, tensors: list[torch.Tensor]) -> None:
         for t in tensors:
             self._values.pop(t, None)
+            self._origins.pop(t, None)
 
     # -- dispatch -------------------------------------------------------------------
     def __torch_dispatch__(
