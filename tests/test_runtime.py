@@ -66,6 +66,19 @@ def test_views_run_no_kernel_and_in_place_ops_read_and_write() -> None:
     assert rows[0][4] == 3 * x.nbytes  # read x and y, write x
 
 
+def test_reading_a_tensors_elements_in_turn_is_one_read() -> None:
+    """``.tolist()`` of a fake tensor reads each element (``_local_scalar_dense``); on a device
+    it is one copy to the host. Reads of other storages, or after a kernel, count again."""
+    x, y = torch.arange(6), torch.arange(3)
+
+    def calls(fn) -> int:  # noqa: ANN001
+        return sum(row[6] for row in _rows(fn))
+
+    assert calls(lambda: [x[i].item() for i in range(6)]) == 1
+    assert calls(lambda: (x[0].item(), y[0].item(), x[1].item())) == 3
+    assert calls(lambda: (x[0].item(), x.add_(0), x[1].item())) == 3
+
+
 def test_expanded_input_is_read_once() -> None:
     x, bias = torch.randn(64, 32), torch.randn(32)
     rows = _rows(lambda: x + bias.expand(64, 32))
@@ -267,6 +280,8 @@ def test_host_rates_are_cached_per_machine(tmp_path, monkeypatch) -> None:  # no
         return _cpu_rates(threads=threads)
 
     monkeypatch.setattr(host, "measure_host_rates", fake_measure)
+    # a quiet machine (rates measured under load are not cached: another test's subject)
+    monkeypatch.setattr(host, "other_runnable", lambda: 0)
     host.host_rates.cache_clear()
     first = host.host_rates(3)
     host.host_rates.cache_clear()

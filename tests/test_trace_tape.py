@@ -115,6 +115,22 @@ def test_a_trace_does_not_hang_on_the_traces_before_it() -> None:
     assert first.to_dict() == second.to_dict()
 
 
+def test_a_padding_mask_read_per_utterance_replays() -> None:
+    """XLS-R's layout (layer-normed feature encoder) passes the padding mask, whose lengths
+    SpecAugment reads with ``.tolist()``: element by element on fake tensors, as many reads as
+    utterances; counted as the one copy to the host it is on a device, the tapes align."""
+    config = transformers.Wav2Vec2Config(
+        **{**_W2V_MASKED, "layerdrop": 0.1}, feat_extract_norm="layer", do_stable_layer_norm=True
+    )
+    adapter, setup = _adapter(config), SETUPS["bf16_ckpt_first_1"]
+    _, two = _trace(adapter, BatchShape(2, 8000, 8), setup)
+    _, four = _trace(adapter, BatchShape(4, 8000, 8), setup)
+    traced, _ = _trace(adapter, BatchShape(7, 8000, 8), setup)
+    tape = replay(two, four, 7)
+    assert tape is not None
+    _assert_same_step(replayed_step(tape, adapter.name, setup), traced)
+
+
 def test_a_cpu_targets_step_replays_too() -> None:
     """The CPU target adds oneDNN's scratch per convolution; the conformer's is proportional."""
     adapter, setup = _adapter(CASES["conformer_ctc"][0]()), Setup()
@@ -248,7 +264,7 @@ def test_a_scaled_steps_reduced_traces_are_replayed_to_its_trace() -> None:
 
     adapter = _adapter(transformers.Wav2Vec2Config(**{**_W2V_MASKED, "num_hidden_layers": 16}))
     setup = SETUPS["fp16"]
-    tapes = Tapes(adapter.name, "cuda")
+    tapes = Tapes(adapter.name, "cuda", (2, 4))
 
     def scaled(batch: int):
         shape = BatchShape(batch, 8000, 8)

@@ -10,8 +10,8 @@ Cost per setup, from traces of **one** step (half the work of two):
 - FLOPs per step ``B*(aT + bT^2 + cU)`` from the same traces (checkpointing's recompute
   included).
 
-The refinement's batches are replayed from two traces' tapes where a length has them (the
-longest, traced at both coarse batches): :mod:`asrfit.plan.tapes`.
+The refinement's batches are replayed from two traces' tapes where a length has them
+(:mod:`asrfit.plan.tapes`); where it has one, the other coarse batch is traced first.
 
 Reserved memory counts allocator segments: classic segments' rounding is fitted with each
 traced peak; expandable segments' pages (less than 22 MiB) are added as a bound. The steady
@@ -113,7 +113,7 @@ class CostEstimator:
         self.target = target
         self.simulations = 0
         # this run's tapes, and the steps replayed from them (.enabled False: trace them all)
-        self.tapes = Tapes(adapter.name, target)
+        self.tapes = Tapes(adapter.name, target, COARSE_BATCHES)
         self.depth_scaling = DEPTH_SCALING
         # the run's allocator: what the fits count of a trace's segments, and what its costs'
         # reserved figure adds (asrfit.memory.cuda.allocator.reserved_of_fitted_peak)
@@ -280,6 +280,12 @@ class CostEstimator:
 
             def trace(shapes: list[BatchShape]) -> None:
                 # forward and backward are read: the optimizer step is not traced
+                # first the companions, traced for their tapes only (not points of the fit),
+                # so that the shapes they make replayable are replayed, not traced
+                companions = self.tapes.companions(shapes, base)
+                self.prefetch([(s, base, False, True) for s in companions])
+                for s in companions:
+                    self._simulate(s, base, "tape", False)
                 self.prefetch([(s, base, False, True) for s in shapes])
                 for s in shapes:
                     step = self._simulate(s, base, "activations", False)

@@ -4,12 +4,13 @@ Traces of one setup at one input and label length differ only in sizes, each con
 proportional to the batch: once two batches of a length are traced, any other batch there
 is replayed from their tapes in milliseconds, exactly as a trace would report it
 (:mod:`asrfit.memory.tape`). :class:`Tapes` keeps this run's tapes (from its own traces and its
-trace workers') and replays what it can.
+trace workers'), replays what it can, and names the traces that make a refinement replayable.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ class Tapes:
     Args:
         model: The model's name (:attr:`StepMemory.model`).
         target: The traces' target ("cuda" or "cpu").
+        coarse_batches: The batches the planner traces at each length first.
     """
 
-    def __init__(self, model: str, target: str) -> None:
-        self.model, self.target = model, target
+    def __init__(self, model: str, target: str, coarse_batches: tuple[int, ...]) -> None:
+        self.model, self.target, self.coarse_batches = model, target, coarse_batches
         self.enabled = True  # False: keep nothing, replay nothing
         self.replays = 0
         self._tapes: dict[tuple, dict[int, Tape]] = {}
@@ -107,6 +109,23 @@ class Tapes:
     ) -> Rows:
         """The reduced traces of a scaled step of ``batch``, replayed where they can be."""
         return Rows(self, batch, setup, self._key(batch, setup, optimizer_step, forward_backward))
+
+    def companions(self, shapes: list[BatchShape], setup: Setup) -> list[BatchShape]:
+        """Coarse shapes to trace first so that ``shapes`` (activation traces of ``setup``)
+        can be replayed: at each of their lengths with exactly one tape, the other coarse
+        batch (with none, tracing two to replay the rest would save nothing)."""
+        if not self.enabled:
+            return []
+        out: list[BatchShape] = []
+        for s in shapes:
+            taped = self.batches(s, setup)
+            if s.batch_size < MIN_BATCH or len(taped) != 1:
+                continue
+            other = next(b for b in self.coarse_batches if b not in taped)
+            companion = replace(s, batch_size=other)
+            if companion != s and companion not in out:
+                out.append(companion)
+        return out
 
 
 class Rows:

@@ -224,6 +224,7 @@ class OpCounter(TorchDispatchMode):
         # every call in order, ``(step, row key, weight)`` (asrfit.memory.tape), when a
         # list is set
         self.calls: list[tuple[int, tuple, int]] | None = None
+        self._reading: int | None = None  # the storage of the latest scalar read (.item())
 
     def __enter__(self) -> OpCounter:
         # every nn.Module call (the Python a model runs around its kernels; checkpointing's
@@ -263,6 +264,15 @@ class OpCounter(TorchDispatchMode):
         if not runs_kernel(func):
             return
         name = func._overloadpacket.__name__
+        if name == "_local_scalar_dense":
+            # ``.tolist()`` of a fake tensor reads each element in turn; on a device it is one
+            # copy to the host: one read per run of reads of one storage
+            read = args[0].untyped_storage()._cdata
+            if read == self._reading:
+                return
+            self._reading = read
+        else:
+            self._reading = None
         phase = self.tracker.phase if self.tracker is not None else self.default_phase
         step = self.tracker.step if self.tracker is not None else 1
         inputs = tensors_in((args, kwargs))
