@@ -23,8 +23,9 @@ the batch (a kernel workspace of ``max(input + weight, output)`` is neither: it 
 branch at a larger batch), unless it is a tensor with one dimension growing with the batch
 (then its storage, a strided layout's extent that may end short of its last row's padding,
 is affine in the batch), or a kernel's figures fall below zero on their line, or the tracker
-would follow other values at that batch (those past its size limit for followed values: the
-trace there would take other rules).
+would follow other values at that batch that a rule or kernel reads (those past its size
+limit for followed values: the trace there would take other rules; a value nothing reads
+changes nothing but what the tracker keeps). Why a replay is refused is logged at debug level.
 """
 
 from __future__ import annotations
