@@ -186,7 +186,7 @@ class StorageTracker(TorchDispatchMode):
         self._saved_scalars: list[int] = []
         # When a list: each choice to shadow an op's outputs or not, where the inputs' values
         # were known: ``(((numel, integer_bytes), ...), shadowed)`` (asrfit.memory.tape)
-        self.shadow_sizes: list[tuple[tuple[tuple[int, bool], ...], bool]] | None = None
+        self.shadow_sizes: list[tuple[tuple[tuple[int, int], ...], bool]] | None = None
         # While shadow_sizes is kept: the choices each shadow value was derived through, and
         # those behind a value that was read (value_of): a choice no read value derives from
         # changes nothing in the trace but which values are kept
