@@ -151,12 +151,7 @@ class CostEstimator:
                 return replayed
             if self.progress is not None:
                 self.progress.started(batch, setup, what)
-            step = (
-                ready
-                if ready is not None
-                else self.trace(batch, setup, optimizer_step, forward_backward)
-            )
-            # every reduced trace replayed: by the worker, or by the trace here
+            step = ready or self.trace(batch, setup, optimizer_step, forward_backward)
             if self._ready_replays.pop(key) if ready is not None else self._replayed_rows:
                 self.tapes.replays += 1
             else:
@@ -237,9 +232,7 @@ class CostEstimator:
         from asrfit.memory.fit.depth import learn_whole_cheaper, whole_cheaper
 
         def job(request: Request) -> Traced:
-            # with what the trace taught this process about tracing the setup whole
-            # (asrfit.memory.fit.depth), so that the planner's later traces follow it too,
-            # the trace's tapes, and whether it replayed every reduced trace
+            # with what it taught about tracing the setup whole (asrfit.memory.fit.depth)
             step = self.trace(*request)
             return step, whole_cheaper(self.adapter), self._last_tapes, self._replayed_rows
 
@@ -279,9 +272,8 @@ class CostEstimator:
                 return self._shape(b, t, labels_per_step)
 
             def trace(shapes: list[BatchShape]) -> None:
-                # forward and backward are read: the optimizer step is not traced
-                # first the companions, traced for their tapes only (not points of the fit),
-                # so that the shapes they make replayable are replayed, not traced
+                # forward and backward are read (no optimizer step); first the companions,
+                # for their tapes only (not fit points), to replay the shapes they complete
                 companions = self.tapes.companions(shapes, base)
                 self.prefetch([(s, base, False, True) for s in companions])
                 for s in companions:
