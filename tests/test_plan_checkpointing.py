@@ -15,7 +15,7 @@ from asrfit.memory.cache import model_key
 from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.models.conformer import conformer_config
-from asrfit.plan.checkpointing import choose_layers, encoder_layers_of
+from asrfit.plan.checkpointing import choose_layers, encoder_layers_of, no_k_can_win
 from asrfit.plan.costs import CostEstimator
 from asrfit.plan.explain import explain_plan
 from asrfit.plan.search import plan, plan_buckets
@@ -73,6 +73,49 @@ def test_chosen_k_is_the_fastest_of_an_exhaustive_traced_search() -> None:
     # the planner's figure for its pick is a trace's, not an interpolation's
     assert choice.predicted[choice.k] == pytest.approx(traced[choice.k])
     assert f"first {choice.k} of {LAYERS} encoder layers" in choice.reason()
+
+
+@pytest.mark.parametrize(("cap", "prunes"), [(512, False), (32, True)])
+def test_a_bound_leaves_k_untraced_only_where_no_traced_k_beats_none(
+    cap: int, prunes: bool, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reference: every k traced and planned. At a batch cap of 32 the setup without
+    checkpointing is held below the cap only in the longest buckets, and one layer's recompute
+    costs more than those batches give: the bound says so and choose_layers traces no k. At
+    512 some k is faster: the bound must not prune."""
+    monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path))  # count every trace
+    usable, rate, labels_per_second, edge = 300 * MIB, 100.0, 12.0, 8.0
+    adapter = hf_adapter(_config())
+    hardware = HardwareProfile.from_name("L4")
+    durations = np.linspace(1.0, edge, 50)
+    estimator = CostEstimator(adapter, model_key(adapter.name + repr(_config())), 1, 100)
+
+    def evaluate(setup):
+        costs = setup
+        if isinstance(setup, Setup):
+            costs = estimator.costs(
+                setup, round(edge * rate), labels_per_second / rate, "ada", usable
+            )
+        result = plan_buckets(
+            costs, hardware, durations, usable, rate, labels_per_second, edge, cap, 1000
+        )
+        return costs, result
+
+    base = Setup(precision="bf16", optimizer="adamw")
+    off, full = evaluate(base), evaluate(replace(base, gradient_checkpointing=True))
+    rates = device_rates(hardware)
+    assert any(b.batch_size < cap for b in off[1][0])  # memory limits some bucket
+    before = estimator.simulations
+    assert no_k_can_win(off, full, LAYERS, evaluate, rates) is prunes
+    choice = choose_layers(base, off, evaluate, LAYERS, rates, batch_cap=cap)
+    traced_here = estimator.simulations - before
+    traced = {k: evaluate(replace(base, checkpoint_layers=k))[1][1] for k in range(1, LAYERS + 1)}
+    if prunes:
+        assert choice is None and traced_here == 0
+        assert max(traced.values()) < off[1][1]
+    else:
+        assert choice is not None and traced_here > 0
+        assert max(traced.values()) > off[1][1]
 
 
 def test_plan_uses_partial_checkpointing_and_says_why(

@@ -14,6 +14,7 @@ import pytest
 
 from asrfit.memory.cuda.allocator import predict_cuda
 from asrfit.memory.models.adapters import hf_adapter
+from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
 from asrfit.memory.step import BatchShape
 from asrfit.plan import costs as costs_module
@@ -26,6 +27,7 @@ from tests.test_plan import MIB, _tiny_config
 CASES = {  # (usable bytes, planner keyword arguments)
     "memory bound": (1200 * MIB, {"target_hours": 10.0}),
     "batch capped": (1200 * MIB, {"target_effective_batch": 16}),
+    "capped everywhere": (6000 * MIB, {"target_effective_batch": 4}),
 }
 
 
@@ -122,3 +124,26 @@ def test_capped_limits_checked_by_fresh_full_simulations(
     assert reserved(capped[-1], 16) <= usable
     assert reserved(last, last.batch_size) <= usable
     assert reserved(last, last.batch_size + 1) > usable
+
+
+def test_checkpointing_untraced_where_its_twin_holds_the_cap_everywhere(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile, tmp_path: Path
+) -> None:
+    """Without checkpointing every bucket takes the cap: no checkpointed setup is traced, not
+    even coarsely, and the plan is the exhaustive search's (which traces them all; the case
+    is in the parametrised comparison above)."""
+    traced: list[Setup] = []
+    real = costs_module.CostEstimator._simulate
+
+    def spy(self, batch, setup, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        traced.append(setup)
+        return real(self, batch, setup, *args, **kwargs)
+
+    monkeypatch.setattr(costs_module.CostEstimator, "_simulate", spy)
+    fast, _, _ = _planned(monkeypatch, dataset, "capped everywhere", False, tmp_path)
+    assert all(b.batch_size == 4 for b in fast.buckets), str([b.batch_size for b in fast.buckets])
+    assert traced and not any(s.gradient_checkpointing or s.checkpoint_layers for s in traced)
+    traced.clear()
+    full, _, _ = _planned(monkeypatch, dataset, "capped everywhere", True, tmp_path)
+    assert any(s.gradient_checkpointing for s in traced)  # the reference did trace them
+    assert full.setup == fast.setup

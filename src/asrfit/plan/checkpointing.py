@@ -16,6 +16,14 @@ first k of L encoder layers). For one base setup (no checkpointing), the planner
 4. traces that k for real (the trace replaces its prediction; while another predicted k is
    now faster, that one is traced too, up to 3): the plan's limits and predicted peaks come
    from traces, never from the interpolation.
+
+Before tracing k = 1, a bound may show that no k can beat none (:func:`no_k_can_win`):
+every k is planned at most as well as a setup with the memory of every layer checkpointed
+(the least any k keeps) and the step time of none plus half of one average layer's
+recompute (the least a checkpointed layer adds; half, so that a first layer cheaper than the
+average one, or recompute outside the encoder layers in the all-layers trace, stays inside
+it). If that bound plans no faster than none, k = 1 and the picks are not traced. The
+exhaustive search does not use the bound, so the benchmark's comparison checks it.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 # evaluate(setup or costs) -> (costs, (buckets, throughput, epoch seconds) or None)
 _MAX_EXTRA_TRACES = 3
+#: The least recompute :func:`no_k_can_win` counts for a checkpointed layer, as a share of
+#: the average encoder layer's (module doc).
+LEAST_RECOMPUTE = 0.5
 #: Setups :func:`choose_layers` may trace for one base setup: every layer, k = 1, and the extra picks.
 MAX_LAYER_EVALUATIONS = 2 + _MAX_EXTRA_TRACES
 Evaluate = Callable[[Any], tuple[SetupCosts, Any]]
@@ -96,6 +107,35 @@ def interpolated_costs(
     return costs
 
 
+def no_k_can_win(
+    off: tuple[SetupCosts, Any],
+    full: tuple[SetupCosts, Any],
+    layers: int,
+    evaluate: Evaluate,
+    rates: Any,
+) -> bool:
+    """Whether a bound shows no k of ``layers`` planned faster than none (module doc).
+
+    ``off`` and ``full`` are the costs and results of no layer and of every layer
+    checkpointed; the bound plans the memory of ``full`` with the step time of ``off`` plus
+    :data:`LEAST_RECOMPUTE` of one average layer's recompute.
+    """
+    if off[1] is None:
+        return False
+    weight = LEAST_RECOMPUTE / layers
+    bound = replace(
+        full[0],
+        setup=replace(off[0].setup, checkpoint_layers=1),
+        flops=lerp_models(off[0].flops, full[0].flops, weight),
+        time_points=[],
+    )
+    if rates is not None:
+        fit = step_time_fit(off[0], rates).lerp(step_time_fit(full[0], rates), weight)
+        set_step_time_fit(bound, rates, fit)
+    result = evaluate(bound)[1]
+    return result is None or result[1] <= off[1][1]
+
+
 @dataclass
 class PartialChoice:
     """The chosen k for one base setup, traced, with what the others were predicted to give.
@@ -142,6 +182,7 @@ def choose_layers(
     layers: int,
     rates: Any,
     batch_cap: int | None = None,
+    bound: bool = True,
 ) -> PartialChoice | None:
     """The fastest k in 1..L for ``base`` (no checkpointing), traced; None if no k fits.
 
@@ -152,6 +193,8 @@ def choose_layers(
         layers: L, the encoder layers.
         rates: The device's rates for the step-time model (None: FLOPs at an assumed MFU).
         batch_cap: The largest batch the target allows (None: no cap).
+        bound: Return None without tracing k = 1 where :func:`no_k_can_win` (the exhaustive
+            search does not).
     """
     if layers < 1 or base.gradient_checkpointing or base.checkpoint_layers:
         return None
@@ -166,6 +209,9 @@ def choose_layers(
     full = evaluate(replace(base, gradient_checkpointing=True))
     if full[1] is None:
         return None  # not even every layer checkpointed fits: no k does
+    if bound and no_k_can_win(off, full, layers, evaluate, rates):
+        logger.info("no k of %d layers can beat none for %s: not traced", layers, base.describe())
+        return None
     traced = {0: off, 1: evaluate(replace(base, checkpoint_layers=1))}
 
     def throughput(result: Any) -> float:

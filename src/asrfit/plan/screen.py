@@ -12,6 +12,15 @@ checkpointing, frozen encoder: the optimizers differ only by their optimizer tra
    found so far, or when no setup of it fits even coarsely while another group fits.
 3. If no setup fits coarsely, every group is refined (the exhaustive search).
 
+A group that checkpoints every layer is not even traced coarsely when its twin without
+checkpointing (the same setups otherwise) is planned at the batch cap in every bucket: the
+twin's group is refined first, and where each twin setup holds the cap everywhere, no
+checkpointing can be faster. Checkpointing only frees memory for larger batches, which the cap
+forbids, and it adds a forward pass of the layers to every step; any bucketing the
+checkpointed setup could take, its twin takes with the same batches and shorter steps. Only
+twins whose coarse plan is at the cap everywhere are refined early (the coarse fit is the
+optimistic one), so the search is otherwise unchanged.
+
 The refined setups are planned exactly as the exhaustive search plans them (the same
 traces, the same fits), so the winner's buckets are the exhaustive search's whenever the
 winner is refined; ``python -m bench plan_speed`` (each case against its exhaustive plan)
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from asrfit.memory.setup import Setup
@@ -40,11 +50,17 @@ def _group(setup: Setup) -> tuple:
     return (setup.precision, setup.gradient_checkpointing, setup.freeze_feature_encoder)
 
 
+def twin(setup: Setup) -> Setup:
+    """``setup`` without gradient checkpointing (itself when it has none)."""
+    return replace(setup, gradient_checkpointing=False)
+
+
 def refined(
     setups: list[Setup],
     evaluate: Evaluate,
     exhaustive: bool = False,
-    on_skip: Callable[[], None] | None = None,
+    on_skip: Callable[[bool], None] | None = None,
+    at_cap: Callable[[Any], bool] | None = None,
 ) -> list[tuple[Setup, Any, Any]]:
     """``(setup, costs, result)`` on refined fits for the setups in contention, in search order.
 
@@ -53,34 +69,56 @@ def refined(
         evaluate: ``(setup, refined) -> (costs, result)``; ``result`` is ``None`` when
             nothing fits, else ``(buckets, throughput, epoch seconds)``.
         exhaustive: Refine every setup (no screening).
-        on_skip: Called once per group left unrefined (for progress).
+        on_skip: Called once per group left unrefined (for progress), with whether it
+            was left untraced altogether.
+        at_cap: Whether a result holds the batch cap in every bucket (None: no cap); a
+            checkpointing group whose twins all do is left out (module doc).
     """
     groups: dict[tuple, list[Setup]] = {}
     for setup in setups:
         groups.setdefault(_group(setup), []).append(setup)
+    done: dict[Setup, tuple[Any, Any]] = {}
+
+    def refine(setup: Setup) -> Any:
+        if setup not in done:
+            done[setup] = evaluate(setup, True)
+        return done[setup][1]
+
+    def dominated(members: list[Setup]) -> bool:
+        # each member's twin is planned, coarsely and then refined, at the cap everywhere
+        if at_cap is None or not all(twin(s) in setups for s in members):
+            return False
+        twins = [twin(s) for s in members]
+        return all(
+            r is not None and at_cap(r) for r in (evaluate(t, False)[1] for t in twins)
+        ) and all((r := refine(t)) is not None and at_cap(r) for t in twins)
+
     bound: dict[tuple, float | None] = dict.fromkeys(groups)
+    left_out: set[tuple] = set()
     if not exhaustive:
-        for key, members in groups.items():
+        for key, members in sorted(groups.items(), key=lambda kv: kv[0][1]):  # twins first
+            if key[1] and dominated(members):
+                logger.info("not traced: %s (its twins hold the batch cap everywhere)", key)
+                left_out.add(key)
+                continue
             coarse = [evaluate(s, False)[1] for s in members]
             fits = [r[1] for r in coarse if r is not None]
             bound[key] = max(fits) if fits else None
     screening = not exhaustive and any(b is not None for b in bound.values())
     order = sorted(groups, key=lambda k: -(bound[k] or 0.0)) if screening else list(groups)
-    done: dict[Setup, tuple[Any, Any]] = {}
-    best = 0.0
+    best = max((r[1] for _, r in done.values() if r is not None), default=0.0)
     for key in order:
-        if (
+        if key in left_out or (
             screening
             and best > 0
             and (bound[key] is None or bound[key] * (1 + SCREEN_MARGIN) < best)
         ):
             logger.info("not refined: %s (coarse %s audio s/s, best %.1f)", key, bound[key], best)
             if on_skip is not None:
-                on_skip()
+                on_skip(key in left_out)
             continue
         for setup in groups[key]:
-            costs, result = evaluate(setup, True)
-            done[setup] = (costs, result)
+            result = refine(setup)
             if result is not None:
                 best = max(best, result[1])
     return [(s, *done[s]) for s in setups if s in done]

@@ -47,7 +47,7 @@ from asrfit.plan.label_buckets import LABEL_TRACES, SHORTLIST, choose_across
 from asrfit.plan.plan import Plan
 from asrfit.plan.progress import TraceProgress
 from asrfit.plan.proposals import Shape, nothing_fits_proposals
-from asrfit.plan.screen import refined
+from asrfit.plan.screen import refined, twin
 from asrfit.plan.setup_costs import SetupCosts
 from asrfit.profiles.host import device_rates
 
@@ -175,7 +175,13 @@ def search_setups(
     exhaustive = evaluate.exhaustive
     found = SetupSearch()
     layers = encoder_layers_of(x.adapter, x.profile.config)
-    skip = (lambda: progress.skip(MAX_REFINE_TRACES)) if progress is not None else None
+
+    def skip(untraced: bool) -> None:  # a group not refined (untraced: not even coarsely)
+        if progress is not None:
+            progress.skip(MAX_REFINE_TRACES + (COARSE_TRACES if untraced else 0))
+
+    cap = x.batch_cap if not exhaustive else None
+    at_cap = None if cap is None else lambda r: all(b.batch_size >= cap for b in r[0])
     for offload in (False, True):
         setups = candidate_setups(hardware, precision, x.world, freeze_feature_encoder, offload)
         # at most: the refined groups, one state trace per optimizer, and what choosing how many
@@ -192,8 +198,13 @@ def search_setups(
         without: list[tuple[Setup, SetupCosts, Any]] = []  # setups without checkpointing
         # every group's coarse traces and every optimizer's state, side by side where this
         # host has the cores (asrfit.plan.parallel); the search below finds them traced
-        estimator.prefetch_screening(setups, x.max_input, x.labels_per_second / x.frames_per_second)
-        for setup, costs, result in refined(setups, evaluate, exhaustive, skip):
+        # (with a batch cap, checkpointing every layer is traced only where its twin without
+        # checkpointing does not hold the cap everywhere: asrfit.plan.screen)
+        screened = [s for s in setups if at_cap is None or twin(s) not in setups or s == twin(s)]
+        estimator.prefetch_screening(
+            screened, x.max_input, x.labels_per_second / x.frames_per_second
+        )
+        for setup, costs, result in refined(setups, evaluate, exhaustive, skip, at_cap):
             found.all_costs.append(costs)
             if not setup.gradient_checkpointing:
                 without.append((setup, costs, result))
@@ -244,6 +255,7 @@ def _checkpoint_some_layers(
         layers,
         device_rates(evaluate.hardware),
         x.batch_cap,
+        bound=not evaluate.exhaustive,
     )
     if progress is not None:
         progress.skip(per_choice - (progress.done - before))
