@@ -13,6 +13,7 @@ edges and limits) the fast plan must equal. Each run reports wall seconds, its o
 seconds and its trace workers' (user + system), new simulations (traces) and steps replayed
 from their tapes instead (``asrfit.memory.tape``), peak resident memory, and
 the 1-minute load average before it started (other work on a shared machine shows there).
+Each planning process exits as ``asrfit plan`` does (:mod:`asrfit.utils.quick_exit`).
 ``--baseline-src`` also plans each case cold with another checkout's package, alternating
 with this one's runs, for a side-by-side ratio.
 """
@@ -49,6 +50,11 @@ def counted(self, *a, **k):
     init(self, *a, **k)
     made.append(self)
 costs.CostEstimator.__init__ = counted
+try:  # exit as `asrfit plan` does (asrfit.cli.main.QUICK_EXIT)
+    from asrfit.utils.quick_exit import freeze_at_exit
+    freeze_at_exit()
+except ImportError:  # a --baseline-src checkout from before it
+    pass
 ds = DatasetProfile.from_manifest({manifest!r})
 kw = {{"exhaustive": True}} if {exhaustive!r} else {{}}
 p = plan(HardwareProfile.from_name({gpu!r}), ds, {model!r}, target_effective_batch=32, **kw)

@@ -9,6 +9,7 @@ import click
 
 from asrfit import __version__
 from asrfit.errors import AsrfitError
+from asrfit.utils.quick_exit import freeze_at_exit
 
 
 class _Group(click.Group):
@@ -21,11 +22,19 @@ class _Group(click.Group):
             raise click.ClickException(str(exc)) from exc
 
 
+# Commands that read, plan and write small files, each closed explicitly: they skip the last
+# garbage collection at exit (asrfit.utils.quick_exit). Training and data commands do not.
+QUICK_EXIT = frozenset({"profile", "gpus", "memory", "plan", "export", "report"})
+
+
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="asrfit")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress at INFO level.")
-def cli(verbose: bool) -> None:
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
     """Fit speech-recognition training to the GPU you have."""
+    if ctx.invoked_subcommand in QUICK_EXIT:
+        freeze_at_exit()
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
