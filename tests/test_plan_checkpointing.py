@@ -41,8 +41,10 @@ def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     mp.undo()
 
 
-def test_chosen_k_is_the_fastest_of_an_exhaustive_traced_search() -> None:
-    usable, rate, labels_per_second, edge, cap = 300 * MIB, 100.0, 12.0, 8.0, 512
+def _evaluator(cap: int):
+    """The test model on an L4 at 300 MiB: ``(adapter, hardware, estimator, evaluate)``,
+    ``evaluate(setup or costs) -> (costs, bucketing result)`` as the planner's."""
+    usable, rate, labels_per_second, edge = 300 * MIB, 100.0, 12.0, 8.0
     adapter = hf_adapter(_config())
     hardware = HardwareProfile.from_name("L4")
     durations = np.linspace(1.0, edge, 50)
@@ -58,6 +60,13 @@ def test_chosen_k_is_the_fastest_of_an_exhaustive_traced_search() -> None:
             costs, hardware, durations, usable, rate, labels_per_second, edge, cap, 1000
         )
         return costs, result
+
+    return adapter, hardware, estimator, evaluate
+
+
+def test_chosen_k_is_the_fastest_of_an_exhaustive_traced_search() -> None:
+    cap = 512
+    adapter, hardware, estimator, evaluate = _evaluator(cap)
 
     base = Setup(precision="bf16", optimizer="adamw")
     assert encoder_layers_of(adapter) == LAYERS
@@ -84,22 +93,7 @@ def test_a_bound_leaves_k_untraced_only_where_no_traced_k_beats_none(
     costs more than those batches give: the bound says so and choose_layers traces no k. At
     512 some k is faster: the bound must not prune."""
     monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path))  # count every trace
-    usable, rate, labels_per_second, edge = 300 * MIB, 100.0, 12.0, 8.0
-    adapter = hf_adapter(_config())
-    hardware = HardwareProfile.from_name("L4")
-    durations = np.linspace(1.0, edge, 50)
-    estimator = CostEstimator(adapter, model_key(adapter.name + repr(_config())), 1, 100)
-
-    def evaluate(setup):
-        costs = setup
-        if isinstance(setup, Setup):
-            costs = estimator.costs(
-                setup, round(edge * rate), labels_per_second / rate, "ada", usable
-            )
-        result = plan_buckets(
-            costs, hardware, durations, usable, rate, labels_per_second, edge, cap, 1000
-        )
-        return costs, result
+    _, hardware, estimator, evaluate = _evaluator(cap)
 
     base = Setup(precision="bf16", optimizer="adamw")
     off, full = evaluate(base), evaluate(replace(base, gradient_checkpointing=True))
