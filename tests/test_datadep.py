@@ -111,27 +111,36 @@ def test_mask_from_lengths_inside_the_trace_is_exact() -> None:
 
 
 def _real_mask_alive_after_trace(monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Trace one step with the collector off; is the real padded input mask still alive?"""
+    """Trace one step with the collector off, the fake input tensors kept alive as a
+    reference cycle keeps them (autograd graph, module hooks); is the real padded input mask
+    behind the fake one still alive?"""
     import gc
     import weakref
 
     from asrfit.memory.models import adapters
 
     made: list[weakref.ref] = []
-    real_mask = adapters.padded_attention_mask
+    kept: list[torch.Tensor] = []
+    real_mask, real_fake = adapters.padded_attention_mask, adapters.fake_with_value
 
     def recorded(batch: int, length: int) -> torch.Tensor:
         mask = real_mask(batch, length)
         made.append(weakref.ref(mask))
         return mask
 
+    def keeping(tracker: StorageTracker, real: torch.Tensor) -> torch.Tensor:
+        kept.append(real_fake(tracker, real))
+        return kept[-1]
+
     monkeypatch.setattr(adapters, "padded_attention_mask", recorded)
+    monkeypatch.setattr(adapters, "fake_with_value", keeping)
     gc.collect()
     gc.disable()
     try:
         simulate_step(hf_adapter(_tiny_config()), BatchShape(4, 32000, 40), Setup(), steps=1)
         return any(r() is not None for r in made)
     finally:
+        kept.clear()
         gc.enable()
         gc.collect()
 

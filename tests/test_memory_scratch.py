@@ -8,11 +8,14 @@ are the scratch the rules must predict.
 from __future__ import annotations
 
 import importlib
+import random
 
+import numpy as np
 import pytest
 import torch
 
 import asrfit.memory.trace.tracker as tracker_module
+from asrfit.memory.models import adapters
 from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
@@ -89,16 +92,39 @@ def test_cpu_trace_adds_conv_scratch_and_cuda_trace_does_not() -> None:
     assert cuda.largest_transient_bytes < cpu.largest_transient_bytes
 
 
+def _seeded_step(cfg: object, batch: BatchShape) -> object:
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)  # the same SpecAugment draws
+    return simulate_step(hf_adapter(cfg), batch, Setup())
+
+
 def test_spec_augment_spans_with_unknown_mask_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch too large for shadow values still traces; the assumption is reported."""
+    """A padding mask whose values the tracker does not know (made in the trace, past the
+    size limit for followed values) still traces; the assumption is reported."""
     cfg = _tiny_wav2vec2(0.5)
     batch = BatchShape(4, 4000, 10)
-    known = simulate_step(hf_adapter(cfg), batch, Setup())
+    known = _seeded_step(cfg, batch)
     monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 1000)  # masks are 4 x 4000
-    unknown = simulate_step(hf_adapter(cfg), batch, Setup())
+    monkeypatch.setattr(  # made inside the trace from nothing known: ones, not followed
+        adapters, "_mask", lambda tracker, b, length: torch.ones(b, length, dtype=torch.long)
+    )
+    unknown = _seeded_step(cfg, batch)
     assert any("_compute_mask_indices" in a for a in unknown.assumptions)
     assert not any("_compute_mask_indices" in a for a in known.assumptions)
     assert unknown.peak_bytes == pytest.approx(known.peak_bytes, rel=0.05)
+
+
+def test_lengths_read_from_a_mask_past_the_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model reads its lengths from a running sum of the padding mask (``cumsum``), a
+    value as large as the mask: it is followed past the size limit, being no larger than the
+    mask the trace already holds, so a batch that large traces as a small one does."""
+    cfg = _tiny_wav2vec2(0.5)
+    batch = BatchShape(4, 4000, 10)
+    known = _seeded_step(cfg, batch)
+    # the int64 mask of 4 x 4000 samples (128 kB) past the limit; the encoder's frame masks not
+    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 64_000)
+    limited = _seeded_step(cfg, batch)
+    assert limited.assumptions == known.assumptions
+    assert limited.peak_bytes == known.peak_bytes
 
 
 def test_transducer_may_have_more_labels_than_frames() -> None:

@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 from test_depth_scaling import _PARAKEET, _W2V, _adapter, _whisper  # noqa: E402
 
+import asrfit.memory.trace.tracker as tracker_module  # noqa: E402
 from asrfit.memory.setup import Precision, Setup  # noqa: E402
 from asrfit.memory.simulate import simulate_step  # noqa: E402
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory  # noqa: E402
@@ -129,6 +130,26 @@ def test_a_padding_mask_read_per_utterance_replays() -> None:
     tape = replay(two, four, 7)
     assert tape is not None
     _assert_same_step(replayed_step(tape, adapter.name, setup), traced)
+
+
+def test_a_padding_mask_past_the_size_limit_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """XLS-R reads its lengths from a running sum of the padding mask, a value as large as the
+    mask: followed at any batch (it is no larger than the mask the trace holds), so a batch
+    whose mask is past the size limit for followed values replays from tapes below it, and the
+    replay is the trace there (the planner's refinements of XLS-R at batches of 64-371)."""
+    # int64 masks of 2 and 4 x 8000 samples (128 and 256 kB) below the limit, 9 x 8000 above
+    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 300_000)
+    config = transformers.Wav2Vec2Config(
+        **{**_W2V_MASKED, "layerdrop": 0.1}, feat_extract_norm="layer", do_stable_layer_norm=True
+    )
+    adapter, setup = _adapter(config), SETUPS["bf16_ckpt_first_1"]
+    _, two = _trace(adapter, BatchShape(2, 8000, 8), setup)
+    _, four = _trace(adapter, BatchShape(4, 8000, 8), setup)
+    traced, _ = _trace(adapter, BatchShape(9, 8000, 8), setup)
+    tape = replay(two, four, 9)
+    assert tape is not None
+    _assert_same_step(replayed_step(tape, adapter.name, setup), traced)
+    assert not any("_compute_mask_indices" in a for a in traced.assumptions)
 
 
 def test_a_cpu_targets_step_replays_too() -> None:

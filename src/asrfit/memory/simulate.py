@@ -255,7 +255,7 @@ def simulate_step(
         shadows = [
             choice
             for i, choice in enumerate(tracker.shadow_sizes or [])
-            if not choice[1] or i in tracker.read_shadows
+            if not choice[-1] or i in tracker.read_shadows
         ]
         tape = Tape.of(tracker.log, counter.calls or [], batch, steps, shadows=shadows, **figures)
         keep_tape.append(tape)

@@ -25,7 +25,11 @@ branch at a larger batch), unless it is a tensor with one dimension growing with
 is affine in the batch), or a kernel's figures fall below zero on their line, or the tracker
 would follow other values at that batch that a rule or kernel reads (those past its size
 limit for followed values: the trace there would take other rules; a value nothing reads
-changes nothing but what the tracker keeps). Why a replay is refused is logged at debug level.
+changes nothing but what the tracker keeps). A value no larger than an input whose value is
+followed is followed at any size (the padding mask's running sum, from which wav2vec2 and
+XLS-R read their lengths), so only values an op expands beyond its inputs (the frame mask
+repeated over the hidden size) meet the limit; an op with one output per utterance (unbind)
+makes as many at the replayed batch. Why a replay is refused is logged at debug level.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ log = logging.getLogger(__name__)
 MIN_BATCH = 2
 
 Call = tuple[int, tuple, int]  # (step, OpCounter row key, weight)
-Shadow = tuple[tuple[tuple[int, int], ...], bool]  # StorageTracker.shadow_sizes' entries
+Shadow = tuple[tuple[tuple[int, int], ...], int, bool]  # StorageTracker.shadow_sizes' entries
 
 
 @dataclass
@@ -134,7 +138,9 @@ class Tape:
             "traced_calls": self.traced_calls,
             "state_bytes": self.state_bytes,
             "assumptions": self.assumptions,
-            "shadows": [[[list(x) for x in sizes], shadowed] for sizes, shadowed in self.shadows],
+            "shadows": [
+                [[list(x) for x in sizes], held, shadowed] for sizes, held, shadowed in self.shadows
+            ],
             "counts_values": sorted(self.counts_values),
         }
 
@@ -157,8 +163,8 @@ class Tape:
             for step, key, shape, weight in data["calls"]
         ]
         shadows = [
-            (tuple((n, int(integer_bytes)) for n, integer_bytes in sizes), shadowed)
-            for sizes, shadowed in data["shadows"]
+            (tuple((n, int(integer_bytes)) for n, integer_bytes in sizes), held, shadowed)
+            for sizes, held, shadowed in data["shadows"]
         ]
         return cls(
             BatchShape.from_dict(data["batch"]),
@@ -320,14 +326,18 @@ def _shadows_unlike(
 
     if len(first) != len(second):
         return f"{len(first)} and {len(second)} choices to follow values"
-    for (sizes, shadowed), (other, shadowed_too) in zip(first, second, strict=True):
+    for (sizes, held, shadowed), (other, held_too, shadowed_too) in zip(first, second, strict=True):
+        if len(sizes) * b == len(other) * a and len(set(sizes)) == len(set(other)) == 1:
+            sizes, other = sizes[:1], other[:1]  # one output per utterance (unbind), all alike
         if shadowed != shadowed_too or [i for _, i in sizes] != [i for _, i in other]:
             return f"values of {sizes} and {other} followed: {shadowed}, {shadowed_too}"
         numels = [_storage(x, y, a, b, batch) for (x, _), (y, _) in zip(sizes, other, strict=True)]
-        if None in numels:
-            return f"values of {sizes} and {other}: not a rule"
+        held_there = _storage(held, held_too, a, b, batch)
+        if None in numels or held_there is None:
+            return f"values of {sizes} and {other} (inputs {held} and {held_too} bytes): not a rule"
         kinds = [i for _, i in sizes]
-        if all(shadowable_size(n, i) for n, i in zip(numels, kinds, strict=True)) != shadowed:
+        follows = all(shadowable_size(n, i, held_there) for n, i in zip(numels, kinds, strict=True))
+        if follows != shadowed:
             return f"values of {numels} elements followed: {not shadowed}"
     return None
 
@@ -343,9 +353,10 @@ def _values_unfollowed_at(tape: Tape, batch: int) -> str | None:
     from asrfit.memory.trace.tracker import shadowable_size
 
     scale = batch / tape.batch.batch_size
-    for sizes, shadowed in tape.shadows:
+    for sizes, held, shadowed in tape.shadows:
+        # the inputs taken as not growing (the least they can)
         if shadowed and not all(
-            shadowable_size(math.ceil(n * scale), integer_bytes) for n, integer_bytes in sizes
+            shadowable_size(math.ceil(n * scale), integer_bytes, held) for n, integer_bytes in sizes
         ):
             at = tape.batch.batch_size
             return f"values of {sizes} elements followed at batch {at}, not at {batch}"

@@ -37,8 +37,9 @@ from asrfit.memory.trace.values import device_query, tensors_in, user_frame
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK_BYTES = 512
 # Integer/bool tensors up to this many bytes get a real shadow value (an int64 tensor of
-# 2^24 elements; a boolean mask of 2^27); so do tensors of any dtype up to
-# _MAX_SMALL_SHADOW_NUMEL elements (lengths computed in float, scalars).
+# 2^24 elements; a boolean mask of 2^27), and larger ones no larger than an input whose value
+# is followed (shadowable_size); so do tensors of any dtype up to _MAX_SMALL_SHADOW_NUMEL
+# elements (lengths computed in float, scalars).
 _MAX_SHADOW_BYTES = 1 << 27
 _MAX_SMALL_SHADOW_NUMEL = 4096
 _INT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
@@ -100,15 +101,18 @@ def _integer_bytes(t: torch.Tensor) -> int:
     return t.element_size() if t.dtype in _INT_DTYPES else 0
 
 
-def _shadowable(t: torch.Tensor) -> bool:
-    return shadowable_size(t.numel(), _integer_bytes(t))
-
-
-def shadowable_size(numel: int, integer_bytes: int) -> bool:
+def shadowable_size(numel: int, integer_bytes: int, held: int = 0) -> bool:
     """Whether a tensor of ``numel`` elements gets a real shadow value; ``integer_bytes``:
-    its element size where it holds integers or booleans, else 0."""
+    its element size where it holds integers or booleans, else 0.
+
+    ``held``: the bytes of the op's largest integer or boolean input, whose value is followed.
+    An integer output no larger than that is followed at any size (a padding mask's running
+    sum, from which a model reads its lengths): it holds no more than the trace already does,
+    so the limit would only make the trace's rules hang on the batch size. An output larger
+    than every input (a ``(B, T)`` mask broadcast to ``(B, 1, T, T)``) stays within the limit.
+    """
     if integer_bytes:
-        return numel * integer_bytes <= _MAX_SHADOW_BYTES
+        return numel * integer_bytes <= max(_MAX_SHADOW_BYTES, held)
     return numel <= _MAX_SMALL_SHADOW_NUMEL
 
 
@@ -185,8 +189,9 @@ class StorageTracker(TorchDispatchMode):
         self.count_saved_scalars = False
         self._saved_scalars: list[int] = []
         # When a list: each choice to shadow an op's outputs or not, where the inputs' values
-        # were known: ``(((numel, integer_bytes), ...), shadowed)`` (asrfit.memory.tape)
-        self.shadow_sizes: list[tuple[tuple[tuple[int, int], ...], bool]] | None = None
+        # were known: ``(((numel, integer_bytes), ...), held, shadowed)`` (held: the largest
+        # integer input's bytes; :func:`shadowable_size`; asrfit.memory.tape)
+        self.shadow_sizes: list[tuple[tuple[tuple[int, int], ...], int, bool]] | None = None
         # While shadow_sizes is kept: the choices each shadow value was derived through, and
         # those behind a value that was read (value_of): a choice no read value derives from
         # changes nothing in the trace but which values are kept
@@ -332,24 +337,27 @@ class StorageTracker(TorchDispatchMode):
     def _propagate(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         outs = tensors_in(out)
         mutated = _mutated_tensors(func, args, kwargs)
-        if not outs and not mutated:
-            return
+        if not any(isinstance(t, FakeTensor) for t in outs + mutated):
+            return  # real tensors (a batch's inputs, made outside fake mode) are their values
         seeded = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
         if seeded:
             self._forget(mutated)  # random draws (dropout, layerdrop coin flips) stay unknown
             return
-        shadowable = all(_shadowable(t) for t in outs + mutated)
         inputs = tensors_in((args, kwargs))
         if any(self._value(t) is None for t in inputs):
             self._forget(mutated)
             return
+        held = max((t.numel() * _integer_bytes(t) for t in inputs), default=0)
+        shadowable = all(
+            shadowable_size(t.numel(), _integer_bytes(t), held) for t in outs + mutated
+        )
         choice = None
         if self.shadow_sizes is not None:
             # a tape's record of each size-bound choice (asrfit.memory.tape): where the
             # inputs' values are known, whether the outputs were small enough to shadow
             choice = len(self.shadow_sizes)
             sizes = tuple((t.numel(), _integer_bytes(t)) for t in outs + mutated)
-            self.shadow_sizes.append((sizes, shadowable))
+            self.shadow_sizes.append((sizes, held, shadowable))
         if not shadowable:
             self._forget(mutated)
             return
