@@ -19,7 +19,7 @@ from asrfit.memory.models import adapters
 from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.memory.simulate import simulate_step
-from asrfit.memory.step import BatchShape
+from asrfit.memory.step import BatchShape, StepMemory
 from asrfit.memory.trace.scratch import CPU_SCRATCH, scratch_rules
 
 aten = torch.ops.aten
@@ -92,7 +92,7 @@ def test_cpu_trace_adds_conv_scratch_and_cuda_trace_does_not() -> None:
     assert cuda.largest_transient_bytes < cpu.largest_transient_bytes
 
 
-def _seeded_step(cfg: object, batch: BatchShape) -> object:
+def _seeded_step(cfg: object, batch: BatchShape) -> StepMemory:
     random.seed(0), np.random.seed(0), torch.manual_seed(0)  # the same SpecAugment draws
     return simulate_step(hf_adapter(cfg), batch, Setup())
 
