@@ -116,20 +116,27 @@ def test_a_trace_does_not_hang_on_the_traces_before_it() -> None:
     assert first.to_dict() == second.to_dict()
 
 
-def test_a_padding_mask_read_per_utterance_replays() -> None:
-    """XLS-R's layout (layer-normed feature encoder) passes the padding mask, whose lengths
-    SpecAugment reads with ``.tolist()``: element by element on fake tensors, as many reads as
-    utterances; counted as the one copy to the host it is on a device, the tapes align."""
+def _xlsr_layout_replayed_and_traced(batch: int) -> tuple[StepMemory | None, StepMemory]:
+    """XLS-R's layout (layer-normed feature encoder, padding mask passed) at 8,000 samples:
+    ``batch`` replayed from tapes at batches 2 and 4 (None where replay refuses), and traced."""
     config = transformers.Wav2Vec2Config(
         **{**_W2V_MASKED, "layerdrop": 0.1}, feat_extract_norm="layer", do_stable_layer_norm=True
     )
     adapter, setup = _adapter(config), SETUPS["bf16_ckpt_first_1"]
     _, two = _trace(adapter, BatchShape(2, 8000, 8), setup)
     _, four = _trace(adapter, BatchShape(4, 8000, 8), setup)
-    traced, _ = _trace(adapter, BatchShape(7, 8000, 8), setup)
-    tape = replay(two, four, 7)
-    assert tape is not None
-    _assert_same_step(replayed_step(tape, adapter.name, setup), traced)
+    traced, _ = _trace(adapter, BatchShape(batch, 8000, 8), setup)
+    tape = replay(two, four, batch)
+    return (None if tape is None else replayed_step(tape, adapter.name, setup)), traced
+
+
+def test_a_padding_mask_read_per_utterance_replays() -> None:
+    """XLS-R's layout (layer-normed feature encoder) passes the padding mask, whose lengths
+    SpecAugment reads with ``.tolist()``: element by element on fake tensors, as many reads as
+    utterances; counted as the one copy to the host it is on a device, the tapes align."""
+    replayed, traced = _xlsr_layout_replayed_and_traced(7)
+    assert replayed is not None
+    _assert_same_step(replayed, traced)
 
 
 def test_a_padding_mask_past_the_size_limit_replays(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,16 +146,9 @@ def test_a_padding_mask_past_the_size_limit_replays(monkeypatch: pytest.MonkeyPa
     replay is the trace there (the planner's refinements of XLS-R at batches of 64-371)."""
     # int64 masks of 2 and 4 x 8000 samples (128 and 256 kB) below the limit, 9 x 8000 above
     monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 300_000)
-    config = transformers.Wav2Vec2Config(
-        **{**_W2V_MASKED, "layerdrop": 0.1}, feat_extract_norm="layer", do_stable_layer_norm=True
-    )
-    adapter, setup = _adapter(config), SETUPS["bf16_ckpt_first_1"]
-    _, two = _trace(adapter, BatchShape(2, 8000, 8), setup)
-    _, four = _trace(adapter, BatchShape(4, 8000, 8), setup)
-    traced, _ = _trace(adapter, BatchShape(9, 8000, 8), setup)
-    tape = replay(two, four, 9)
-    assert tape is not None
-    _assert_same_step(replayed_step(tape, adapter.name, setup), traced)
+    replayed, traced = _xlsr_layout_replayed_and_traced(9)
+    assert replayed is not None
+    _assert_same_step(replayed, traced)
     assert not any("_compute_mask_indices" in a for a in traced.assumptions)
 
 
