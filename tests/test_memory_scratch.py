@@ -103,7 +103,8 @@ def test_spec_augment_spans_with_unknown_mask_values(monkeypatch: pytest.MonkeyP
     cfg = _tiny_wav2vec2(0.5)
     batch = BatchShape(4, 4000, 10)
     known = _seeded_step(cfg, batch)
-    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 1000)  # masks are 4 x 4000
+    for limit in ("_MAX_SHADOW_BYTES", "_MAX_LAZY_BYTES"):  # masks are 4 x 4000
+        monkeypatch.setattr(tracker_module, limit, 1000)
     monkeypatch.setattr(  # made inside the trace from nothing known: ones, not followed
         adapters, "_mask", lambda tracker, b, length: torch.ones(b, length, dtype=torch.long)
     )
@@ -121,7 +122,8 @@ def test_lengths_read_from_a_mask_past_the_size_limit(monkeypatch: pytest.Monkey
     batch = BatchShape(4, 4000, 10)
     known = _seeded_step(cfg, batch)
     # the int64 mask of 4 x 4000 samples (128 kB) past the limit; the encoder's frame masks not
-    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 64_000)
+    for limit in ("_MAX_SHADOW_BYTES", "_MAX_LAZY_BYTES"):
+        monkeypatch.setattr(tracker_module, limit, 64_000)
     limited = _seeded_step(cfg, batch)
     assert limited.assumptions == known.assumptions
     assert limited.peak_bytes == known.peak_bytes

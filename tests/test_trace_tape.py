@@ -145,11 +145,31 @@ def test_a_padding_mask_past_the_size_limit_replays(monkeypatch: pytest.MonkeyPa
     whose mask is past the size limit for followed values replays from tapes below it, and the
     replay is the trace there (the planner's refinements of XLS-R at batches of 64-371)."""
     # int64 masks of 2 and 4 x 8000 samples (128 and 256 kB) below the limit, 9 x 8000 above
-    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 300_000)
+    for limit in ("_MAX_SHADOW_BYTES", "_MAX_LAZY_BYTES"):
+        monkeypatch.setattr(tracker_module, limit, 300_000)
     replayed, traced = _xlsr_layout_replayed_and_traced(9)
     assert replayed is not None
     _assert_same_step(replayed, traced)
     assert not any("_compute_mask_indices" in a for a in traced.assumptions)
+
+
+def test_a_frame_mask_past_the_held_size_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """XLS-R's encoder repeats its frame mask over the hidden size and zeroes the padded
+    frames through it (boolean indexing reads it). Past the size held whole the mask is kept
+    as the op that makes it and read exactly, so a batch whose mask is past that size replays
+    from tapes below it, and the replay is the trace there (the planner's refinements of
+    XLS-R-1B at batches 128-371)."""
+    # repeated masks of 2 and 4 x 799 frames x 32 (51 and 102 kB) held whole, of 9 (230 kB) not
+    monkeypatch.setattr(tracker_module, "_MAX_SHADOW_BYTES", 150_000)
+    replayed, traced = _xlsr_layout_replayed_and_traced(9)
+    assert replayed is not None
+    _assert_same_step(replayed, traced)
+    assert not any("boolean indexing" in a for a in traced.assumptions)
+    # the control: no recipes past the size held whole, and the mask at 9 is not followed
+    monkeypatch.setattr(tracker_module, "_MAX_LAZY_BYTES", 150_000)
+    replayed, traced = _xlsr_layout_replayed_and_traced(9)
+    assert replayed is None
+    assert any("boolean indexing" in a for a in traced.assumptions)
 
 
 def test_a_cpu_targets_step_replays_too() -> None:
@@ -222,9 +242,13 @@ def _masked(read: bool):
     return _adapter_of(forward)
 
 
-def test_a_value_read_but_too_large_to_follow_at_the_batch_refuses() -> None:
-    """The tracker follows the mask's values at batches 2 and 4 but, past 2^27 booleans, no
-    longer would: the frames it picks are then sized by a pessimistic rule, not counted."""
+def test_a_value_read_but_too_large_to_follow_at_the_batch_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tracker follows the mask's values at batches 2 and 4 but, past the size limit for
+    followed values (2^27 booleans here), no longer would: the frames it picks are then sized
+    by a pessimistic rule, not counted."""
+    monkeypatch.setattr(tracker_module, "_MAX_LAZY_BYTES", 1 << 27)
     length = 24_000_000  # 5 x 24 M booleans are followed; 6 x 24 M are not
     adapter = _masked(read=True)
     _, two = _trace(adapter, BatchShape(2, length, 1), Setup())

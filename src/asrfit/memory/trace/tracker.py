@@ -10,7 +10,8 @@ Values: the sizes a step allocates can depend on the *values* of small integer t
 (sequence lengths, label masks). Such tensors get a real shadow copy: when every input
 of an op has a known value and the op yields integers or booleans of at most 128 MiB (or
 any tensor of at most 4096 elements, e.g. lengths computed in float), it is also run on the
-real shadows.
+real shadows. Integer and boolean outputs past that, up to 512 MiB, are kept as the op that
+makes them and computed when read (:mod:`asrfit.memory.trace.lazy`).
 Seeded random ops never get a shadow, so a random draw stays unknown and the trace
 stays deterministic. ``.item()``, ``masked_select``, ``nonzero`` and the CTC loss then see the
 true lengths. Only values that are unknowable (random coin flips, values computed from
@@ -32,15 +33,19 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from asrfit.memory.trace import datadep
+from asrfit.memory.trace.lazy import LazyValue, Writes
+from asrfit.memory.trace.lazy import returns_alias as _returns_alias
 from asrfit.memory.trace.values import device_query, tensors_in, user_frame
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
 CUDA_BLOCK_BYTES = 512
-# Integer/bool tensors up to this many bytes get a real shadow value (an int64 tensor of
-# 2^24 elements; a boolean mask of 2^27), and larger ones no larger than an input whose value
-# is followed (shadowable_size); so do tensors of any dtype up to _MAX_SMALL_SHADOW_NUMEL
-# elements (lengths computed in float, scalars).
+# Integer/bool tensors up to this many bytes get a real shadow value held whole (an int64
+# tensor of 2^24 elements; a boolean mask of 2^27), and larger ones no larger than an input
+# whose value is held (held_size); so do tensors of any dtype up to _MAX_SMALL_SHADOW_NUMEL
+# elements (lengths computed in float, scalars). Integer/bool tensors past that and up to
+# _MAX_LAZY_BYTES are followed as recipes (asrfit.memory.trace.lazy).
 _MAX_SHADOW_BYTES = 1 << 27
+_MAX_LAZY_BYTES = 1 << 29
 _MAX_SMALL_SHADOW_NUMEL = 4096
 _INT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 
@@ -102,14 +107,29 @@ def _integer_bytes(t: torch.Tensor) -> int:
 
 
 def shadowable_size(numel: int, integer_bytes: int, held: int = 0) -> bool:
-    """Whether a tensor of ``numel`` elements gets a real shadow value; ``integer_bytes``:
-    its element size where it holds integers or booleans, else 0.
+    """Whether a tensor of ``numel`` elements gets a shadow value (held whole or as a recipe:
+    :func:`held_size`); ``integer_bytes``: its element size where it holds integers or
+    booleans, else 0; ``held``: the bytes of the op's largest integer or boolean input, whose
+    value is followed.
 
-    ``held``: the bytes of the op's largest integer or boolean input, whose value is followed.
-    An integer output no larger than that is followed at any size (a padding mask's running
-    sum, from which a model reads its lengths): it holds no more than the trace already does,
-    so the limit would only make the trace's rules hang on the batch size. An output larger
-    than every input (a ``(B, T)`` mask broadcast to ``(B, 1, T, T)``) stays within the limit.
+    Integer values up to 512 MiB are followed, and larger ones no larger than ``held``: one
+    past what is held whole is kept as the op that makes it
+    (:class:`asrfit.memory.trace.lazy.LazyValue`) and computed only when read, so the limit
+    bounds what one read computes, not what the trace keeps.
+    """
+    if integer_bytes:
+        return numel * integer_bytes <= max(_MAX_LAZY_BYTES, held)
+    return numel <= _MAX_SMALL_SHADOW_NUMEL
+
+
+def held_size(numel: int, integer_bytes: int, held: int = 0) -> bool:
+    """Whether a followed tensor's value is computed and held whole (else kept as a recipe).
+
+    ``held``: the bytes of the op's largest integer or boolean input whose value is held
+    whole. An integer output no larger than that is held at any size (a padding mask's
+    running sum, from which a model reads its lengths, read once per layer): it holds no more
+    than the trace already does. An output larger than every held input (a ``(B, T)`` mask
+    broadcast to ``(B, 1, T, T)``) is held up to 128 MiB.
     """
     if integer_bytes:
         return numel * integer_bytes <= max(_MAX_SHADOW_BYTES, held)
@@ -181,7 +201,8 @@ class StorageTracker(TorchDispatchMode):
         self._ids = itertools.count(1)
         self._keys: dict[int, int] = {}  # storage _cdata -> block key, while alive
         self._refs: dict[int, weakref.ref] = {}
-        self._values = WeakTensorKeyDictionary()  # fake tensor -> real tensor
+        self._values = WeakTensorKeyDictionary()  # fake tensor -> real tensor or LazyValue
+        self._writes = Writes()  # writes to the real values' storages (asrfit.memory.trace.lazy)
         self._handlers = datadep.HANDLERS
         self.scratch: dict[Any, Any] = {}  # op -> rule(args, kwargs, out) -> kernel-internal bytes
         # Count the 0-dim tensors autograd saves for a Python number operand (a CPU target:
@@ -310,14 +331,35 @@ class StorageTracker(TorchDispatchMode):
         return value
 
     def _value(self, t: Any) -> Any:
+        value = self._stored(t)
+        if isinstance(value, LazyValue):
+            value = value.value()
+            if value is None:  # written since: unknown from now on
+                self._lost(t)
+        return value
+
+    def _stored(self, t: Any) -> Any:
+        """What the tracker keeps for ``t``'s value: a real tensor, a :class:`LazyValue`
+        (not computed), None when unknown; non-tensors pass through."""
         if isinstance(t, torch.Tensor):
             if not isinstance(t, FakeTensor):  # a real constant on its way into fake mode
                 return t
             value = self._values.get(t)
             if value is None:  # a constant made by torch.tensor(...) inside fake mode
                 value = getattr(t, "constant", None)
+            elif isinstance(value, LazyValue) and value.written:
+                return None
             return value
         return t
+
+    def _lost(self, t: torch.Tensor) -> None:
+        """A recipe's inputs were written after it ran: the value is unknown, and the choice to
+        follow it counts as not followed (a tape from here replays nowhere it would be kept)."""
+        lazy = self._values.pop(t, None)
+        choice = getattr(lazy, "choice", None)
+        if choice is not None and self.shadow_sizes is not None:
+            sizes, held, _ = self.shadow_sizes[choice]
+            self.shadow_sizes[choice] = (sizes, held, False)
 
     def release_values(self) -> None:
         """Drop every real shadow value (call when the trace is over).
@@ -329,6 +371,7 @@ class StorageTracker(TorchDispatchMode):
         """
         self._values = WeakTensorKeyDictionary()
         self._origins = WeakTensorKeyDictionary()
+        self._writes = Writes()
 
     def assume(self, op: str, rule: str) -> None:
         """Record a pessimistic assumption made where a value could not be known."""
@@ -344,22 +387,46 @@ class StorageTracker(TorchDispatchMode):
             self._forget(mutated)  # random draws (dropout, layerdrop coin flips) stay unknown
             return
         inputs = tensors_in((args, kwargs))
-        if any(self._value(t) is None for t in inputs):
+        stored = {t: self._stored(t) for t in inputs}
+        if any(v is None for v in stored.values()):
             self._forget(mutated)
             return
         held = max((t.numel() * _integer_bytes(t) for t in inputs), default=0)
-        shadowable = all(
-            shadowable_size(t.numel(), _integer_bytes(t), held) for t in outs + mutated
-        )
+        sizes = tuple((t.numel(), _integer_bytes(t)) for t in outs + mutated)
+        shadowable = all(shadowable_size(n, i, held) for n, i in sizes)
         choice = None
         if self.shadow_sizes is not None:
             # a tape's record of each size-bound choice (asrfit.memory.tape): where the
             # inputs' values are known, whether the outputs were small enough to shadow
             choice = len(self.shadow_sizes)
-            sizes = tuple((t.numel(), _integer_bytes(t)) for t in outs + mutated)
             self.shadow_sizes.append((sizes, held, shadowable))
         if not shadowable:
             self._forget(mutated)
+            return
+        origin = None
+        if choice is not None:
+            origin = frozenset({choice}).union(*(self._origins.get(t, ()) for t in inputs))
+        whole = max(  # the integer inputs held whole (not recipes)
+            (
+                t.numel() * _integer_bytes(t)
+                for t, v in stored.items()
+                if isinstance(v, torch.Tensor)
+            ),
+            default=0,
+        )
+        if not mutated and (
+            not all(held_size(n, i, whole) for n, i in sizes)
+            or (_returns_alias(func) and any(isinstance(v, LazyValue) for v in stored.values()))
+        ):
+            # past what is held whole (or a view of a recipe): keep the recipe
+            def recipe(x: Any) -> Any:
+                return stored[x] if isinstance(x, torch.Tensor) else x
+
+            rargs, rkwargs = tree_map(recipe, args), tree_map(recipe, kwargs)
+            for i, f in enumerate(outs):
+                self._values[f] = LazyValue(func, rargs, rkwargs, i, choice, self._writes)
+                if origin is not None:
+                    self._origins[f] = origin
             return
         known = True
 
@@ -373,6 +440,7 @@ class StorageTracker(TorchDispatchMode):
             return x
 
         rargs, rkwargs = tree_map(real, args), tree_map(real, kwargs)
+        written = [stored.get(m) for m in mutated]
         if not known:
             self._forget(mutated)
             return
@@ -383,11 +451,15 @@ class StorageTracker(TorchDispatchMode):
             except Exception:  # shadow evaluation is best effort; sizes never depend on it failing
                 self._forget(mutated)
                 return
+        for before in written:  # the recipes that read a written value see it moved
+            if isinstance(before, LazyValue):
+                before.mark_written()
+            elif isinstance(before, torch.Tensor):
+                self._writes.bump(before)
         routs = tensors_in(rout)
         for f, r in zip(outs, routs, strict=False):
             self._values[f] = r
-        if choice is not None:
-            origin = frozenset({choice}).union(*(self._origins.get(t, ()) for t in inputs))
+        if origin is not None:
             for f in outs + mutated:
                 self._origins[f] = origin
 
