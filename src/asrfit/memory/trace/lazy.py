@@ -15,7 +15,8 @@ A recipe stands for the value its op had when it ran, so writes after it must no
   the recipe it is a view of, which the write reaches too).
 
 A recipe that sees either no longer knows its value: reading it gives None, and the rules
-for unknown values apply, as they did for every value of that size before.
+for unknown values apply, as they did for every value of that size before. The tensor written
+in place itself gets its written value computed and held whole, whatever its size.
 """
 
 from __future__ import annotations
