@@ -265,8 +265,9 @@ def main() -> None:
         "manifest and the model, tracing, searching. Cold: an empty simulation cache; warm: "
         "the cache the last cold run filled. CPU seconds are the median run's, the planning "
         "process's own and its trace workers' (`asrfit.plan.parallel`). Simulations are "
-        "traces; in brackets, the steps replayed from two traces' tapes instead "
-        "(`asrfit.memory.tape`). The cases' role is "
+        "traces; in brackets, the steps replayed from traces' tapes instead (two at their "
+        "length, `asrfit.memory.tape`, or one there and two at another, "
+        "`asrfit.memory.tape_lengths`). The cases' role is "
         "their set's in `bench/cases.py`: *fitted* where the planner's speed-ups were "
         "measured and tuned on them, *held out* where they were never planned before the set "
         "was written. The cold targets are for this 2-core host, imports included.",

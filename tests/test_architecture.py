@@ -44,6 +44,7 @@ MEMORY_LAYERS: dict[str, int] = {
     "asrfit.memory.simulate": 5,  # simulate_step
     "asrfit.memory.peaks": 5,  # a traced log's peaks and breakdown
     "asrfit.memory.tape": 5,  # a traced step replayed at another batch
+    "asrfit.memory.tape_lengths": 5,  # ... and at another batch of other lengths
     "asrfit.memory.fit": 6,  # cost model, full depth from reduced depths
     "asrfit.memory.custom": 6,  # simulate_model
     "asrfit.memory.real_step": 6,  # the same step on real tensors

@@ -257,7 +257,10 @@ def simulate_step(
             for i, choice in enumerate(tracker.shadow_sizes or [])
             if not choice[-1] or i in tracker.read_shadows
         ]
-        tape = Tape.of(tracker.log, counter.calls or [], batch, steps, shadows=shadows, **figures)
+        calls = counter.calls or []
+        tape = Tape.of(
+            tracker.log, calls, batch, steps, counter.operands, shadows=shadows, **figures
+        )
         keep_tape.append(tape)
     return step_memory(
         tracker.log,

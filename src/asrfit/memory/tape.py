@@ -38,7 +38,7 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from asrfit.memory.setup import Setup
@@ -79,6 +79,10 @@ class Tape:
         counts_values: The blocks made by an op whose output size depends on its inputs'
             values (PyTorch tags such ops ``dynamic_output_shape``: boolean-mask indexing,
             ``nonzero``, ``masked_select``).
+        operands: Each call's bytes operand by operand (distinct inputs, then outputs), beside
+            ``calls``, negated where the operand's size counts values (its storage made by an
+            op such as boolean-mask indexing): what a replay at other lengths scales
+            (:mod:`asrfit.memory.tape_lengths`).
 
     The blocks' ops and dtypes are kept as their names, so that a tape is plain data
     (:meth:`to_dict`).
@@ -94,11 +98,20 @@ class Tape:
     assumptions: list[str]
     shadows: list[Shadow]
     counts_values: frozenset[int] = frozenset()
+    operands: list[tuple[int, ...]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, log: TraceLog, calls: list[Call], batch: BatchShape, steps: int, **figures: Any):
-        """The tape of a tracker's ``log`` and its counter's ``calls`` (``figures``: the
-        remaining attributes, ``shadows`` among them)."""
+    def of(
+        cls,
+        log: TraceLog,
+        calls: list[Call],
+        batch: BatchShape,
+        steps: int,
+        operands: list[tuple[int, ...]] | None = None,
+        **figures: Any,
+    ):
+        """The tape of a tracker's ``log`` and its counter's ``calls`` and their ``operands``
+        (``figures``: the remaining attributes, ``shadows`` among them)."""
         from asrfit.memory.trace.tracker import TraceLog
 
         index = {key: i for i, key in enumerate(log.blocks)}
@@ -118,9 +131,18 @@ class Tape:
             events.append((index[key], sign))
         events += sorted(frees)
         merged = {index[k]: index[v] for k, v in log.merged.items()}
-        last = [c for c in calls if c[0] == steps]
+        last = [i for i, c in enumerate(calls) if c[0] == steps]
+        parts = [operands[i] for i in last] if operands and len(operands) == len(calls) else []
         log = TraceLog(blocks, events, merged)
-        return cls(batch, steps, log, last, counts_values=counts_values, **figures)
+        return cls(
+            batch,
+            steps,
+            log,
+            [calls[i] for i in last],
+            counts_values=counts_values,
+            operands=parts,
+            **figures,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (:meth:`from_dict` reads it back)."""
@@ -142,6 +164,7 @@ class Tape:
                 [[list(x) for x in sizes], held, shadowed] for sizes, held, shadowed in self.shadows
             ],
             "counts_values": sorted(self.counts_values),
+            "operands": [list(parts) for parts in self.operands],
         }
 
     @classmethod
@@ -177,6 +200,7 @@ class Tape:
             list(data["assumptions"]),
             shadows,
             frozenset(data["counts_values"]),
+            [tuple(parts) for parts in data.get("operands", [])],
         )
 
     def cost(self) -> StepCost:
@@ -315,6 +339,7 @@ def _replayed(first: Tape, second: Tape, batch_size: int) -> Tape | str:
         log=log,
         calls=calls,
         flops=flops,
+        operands=[],  # not kept per operand (a replay is not replayed again)
     )
 
 

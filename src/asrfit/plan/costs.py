@@ -10,8 +10,8 @@ Cost per setup, from traces of **one** step (half the work of two):
 - FLOPs per step ``B*(aT + bT^2 + cU)`` from the same traces (checkpointing's recompute
   included).
 
-The refinement's batches are replayed from two traces' tapes where a length has them
-(:mod:`asrfit.plan.tapes`); where it has one, the other coarse batch is traced first.
+The refinement's batches are replayed from tapes (:mod:`asrfit.plan.tapes`): two at their
+length, or one there and two at another; where neither replays, a companion is traced first.
 
 Reserved memory counts allocator segments: classic segments' rounding is fitted with each
 traced peak; expandable segments' pages (less than 22 MiB) are added as a bound. The steady
@@ -226,7 +226,8 @@ class CostEstimator:
         if not self._traced_here:
             # the first trace imports the tracing code (and the model's, where nothing has
             # built it yet) and warms the fake-tensor caches: here, once, for workers to share
-            key = next(iter(todo))
+            # (while they wait: an optimizer state's, the cheapest, where there is one)
+            key = min(todo, key=lambda k: todo[k][3])
             self._ready[key] = self.trace(*todo.pop(key))
             self._ready_replays[key] = self._replayed_rows
         from asrfit.memory.fit.depth import learn_whole_cheaper, whole_cheaper
@@ -272,13 +273,7 @@ class CostEstimator:
                 return self._shape(b, t, labels_per_step)
 
             def trace(shapes: list[BatchShape]) -> None:
-                # forward and backward are read (no optimizer step); first the companions,
-                # for their tapes only (not fit points), to replay the shapes they complete
-                companions = self.tapes.companions(shapes, base)
-                self.prefetch([(s, base, False, True) for s in companions])
-                for s in companions:
-                    self._simulate(s, base, "tape", False)
-                self.prefetch([(s, base, False, True) for s in shapes])
+                self.prefetch_activations(shapes, setup)
                 for s in shapes:
                     step = self._simulate(s, base, "activations", False)
                     # Step 1 has no optimizer state during forward/backward (made afterwards).
@@ -407,8 +402,16 @@ class CostEstimator:
         return self._simulate(batch, _activation_base(setup), what, False)
 
     def prefetch_activations(self, shapes: list[BatchShape], setup: Setup) -> None:
-        """:meth:`prefetch` the activation traces of ``setup`` at ``shapes``."""
-        self.prefetch([(s, _activation_base(setup), False, True) for s in shapes])
+        """:meth:`prefetch` the activation traces of ``setup`` at ``shapes``, after their
+        companions (:meth:`Tapes.companions`: traced for their tapes only, to replay the
+        shapes they complete; side by side, idle workers trace ahead more of them)."""
+        base = _activation_base(setup)
+        fill = trace_workers() if self.target != "cpu" else 1
+        companions = self.tapes.companions(shapes, base, fill)
+        self.prefetch([(s, base, False, True) for s in companions])
+        for s in companions:
+            self._simulate(s, base, "tape", False)
+        self.prefetch([(s, base, False, True) for s in shapes])
 
     def _optimizer_request(self, setup: Setup) -> Request:
         """The optimizer-state trace of ``setup``: the optimizer phase's peak and the model

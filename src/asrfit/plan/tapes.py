@@ -3,7 +3,8 @@
 Traces of one setup at one input and label length differ only in sizes, each constant or
 proportional to the batch: once two batches of a length are traced, any other batch there
 is replayed from their tapes in milliseconds, exactly as a trace would report it
-(:mod:`asrfit.memory.tape`). :class:`Tapes` keeps this run's tapes (from its own traces and its
+(:mod:`asrfit.memory.tape`); and so is any batch of another length with one tape, the batch
+rule read from the two (:mod:`asrfit.memory.tape_lengths`). :class:`Tapes` keeps this run's tapes (from its own traces and its
 trace workers'), replays what it can, and names the traces that make a refinement replayable.
 """
 
@@ -17,6 +18,9 @@ from typing import Any
 from asrfit.memory.setup import Setup
 from asrfit.memory.step import BatchShape, StepMemory
 from asrfit.memory.tape import MIN_BATCH, Tape, replay, replayed_step
+from asrfit.memory.tape_lengths import replay_across
+
+_ACROSS_TRIES = 2  # other lengths with two tapes a replay across lengths tries, nearest first
 
 
 class Tapes:
@@ -33,6 +37,7 @@ class Tapes:
         self.enabled = True  # False: keep nothing, replay nothing
         self.replays = 0
         self._tapes: dict[tuple, dict[int, Tape]] = {}
+        self._across_setups: set[str] = set()  # setups replayed across lengths at least once
 
     @staticmethod
     def _key(batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool):
@@ -72,21 +77,31 @@ class Tapes:
         """Batches of ``batch``'s lengths with a tape (of the whole model, or of every reduced
         model of a scaled step), other than its own."""
         key = self._key(batch, setup, optimizer_step, forward_backward)
-        keys = [k for k in self._tapes if k[: len(key)] == key]
-        sets = [set(self._tapes[k]) - {batch.batch_size} for k in keys]
-        return sorted(set.intersection(*sets)) if sets else []
+        return sorted(self._taped(key) - {batch.batch_size})
+
+    def _taped(self, key: tuple) -> set[int]:
+        """Batches with a tape under ``key`` (of every reduced model, for a scaled step)."""
+        sets = [set(self._tapes[k]) for k in self._tapes if k[: len(key)] == key]
+        return set.intersection(*sets) if sets else set()
 
     def replayable(
         self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
     ) -> bool:
-        """Whether ``batch`` has two tapes to be replayed from (replay may still refuse)."""
+        """Whether ``batch`` has two tapes to be replayed from, or one and two at other
+        lengths (replay may still refuse)."""
         others = self.batches(batch, setup, optimizer_step, forward_backward)
-        return self.enabled and batch.batch_size >= MIN_BATCH and len(others) >= 2
+        key = self._key(batch, setup, optimizer_step, forward_backward)
+        return (
+            self.enabled
+            and batch.batch_size >= MIN_BATCH
+            and (len(others) >= 2 or (len(others) == 1 and bool(self._pairs(key))))
+        )
 
     def replayed(
         self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
     ) -> StepMemory | None:
-        """``batch`` replayed from two tapes of the whole model at its lengths, or None."""
+        """``batch`` replayed from tapes of the whole model (two at its lengths, or one and
+        two at other lengths: :mod:`asrfit.memory.tape_lengths`), or None."""
         key = self._key(batch, setup, optimizer_step, forward_backward)
         step = self._replayed(key, batch, setup)
         self.replays += step is not None
@@ -97,12 +112,49 @@ class Tapes:
     ) -> StepMemory | None:
         tapes = self._tapes.get(key, {})
         others = sorted(b for b in tapes if b != batch.batch_size)
-        if not self.enabled or batch.batch_size < MIN_BATCH or len(others) < 2:
+        if not self.enabled or batch.batch_size < MIN_BATCH or not others:
             return None
-        tape = replay(tapes[others[-2]], tapes[others[-1]], batch.batch_size)
+        if len(others) >= 2:
+            tape = replay(tapes[others[-2]], tapes[others[-1]], batch.batch_size)
+        else:
+            tape = self._across(key, tapes[others[0]], batch.batch_size)
         if tape is None:
             return None
         return replayed_step(tape, self.model, setup, self.target, detail)
+
+    def _pairs(self, key: tuple) -> list[tuple]:
+        """Keys of ``key``'s setup, phases and row at other lengths with two tapes or more,
+        the nearest in input length first."""
+        pairs = [
+            k
+            for k, tapes in self._tapes.items()
+            if len(tapes) >= 2 and k[0] == key[0] and k[3:] == key[3:] and k[1:3] != key[1:3]
+        ]
+        return sorted(pairs, key=lambda k: (abs(k[1] - key[1]), abs(k[2] - key[2])))
+
+    def _across(self, key: tuple, tape: Tape, batch_size: int) -> Tape | None:
+        """``tape`` (the one at ``key``'s lengths) at ``batch_size``, the batch rule read
+        from the nearest lengths with two tapes (:func:`replay_across`), or None."""
+        for pair in self._pairs(key)[:_ACROSS_TRIES]:
+            batches = sorted(self._tapes[pair])
+            first, second = self._tapes[pair][batches[-2]], self._tapes[pair][batches[-1]]
+            replayed = replay_across(first, second, tape, batch_size)
+            if replayed is not None:
+                self._across_setups.add(key[0])
+                return replayed
+        return None
+
+    def _lacks(self, key: tuple, other: int) -> bool:
+        """Whether the lengths of ``key`` (setup, lengths and phases, without a row) need
+        their other coarse batch ``other`` traced for replays there: of the whole model or a
+        reduced one, one tape there and no replay at ``other`` from it and tapes at other
+        lengths."""
+        keys = [k for k in self._tapes if k[: len(key)] == key]
+        for k in keys:
+            taped = self._tapes[k]
+            if len(taped) == 1 and self._across(k, next(iter(taped.values())), other) is None:
+                return True
+        return not keys
 
     def rows(
         self, batch: BatchShape, setup: Setup, optimizer_step: bool, forward_backward: bool
@@ -110,22 +162,56 @@ class Tapes:
         """The reduced traces of a scaled step of ``batch``, replayed where they can be."""
         return Rows(self, batch, setup, self._key(batch, setup, optimizer_step, forward_backward))
 
-    def companions(self, shapes: list[BatchShape], setup: Setup) -> list[BatchShape]:
+    def companions(self, shapes: list[BatchShape], setup: Setup, fill: int = 0) -> list[BatchShape]:
         """Coarse shapes to trace first so that ``shapes`` (activation traces of ``setup``)
         can be replayed: at each of their lengths with exactly one tape, the other coarse
-        batch (with none, tracing two to replay the rest would save nothing)."""
+        batch, unless the step is replayed from it and tapes at other lengths
+        (:mod:`asrfit.memory.tape_lengths`); with none, the smallest coarse batch where such
+        replays have worked for ``setup`` (else none: tracing two to replay the rest would
+        save nothing).
+
+        With ``fill`` (the trace workers that run them side by side), fewer companions than
+        that are joined by those of ``setup``'s other lengths with one tape, for the shapes
+        the planner may ask there next: a worker that would idle traces one ahead.
+        """
         if not self.enabled:
             return []
         out: list[BatchShape] = []
         for s in shapes:
-            taped = self.batches(s, setup)
-            if s.batch_size < MIN_BATCH or len(taped) != 1:
-                continue
-            other = next(b for b in self.coarse_batches if b not in taped)
-            companion = replace(s, batch_size=other)
-            if companion != s and companion not in out:
+            companion = self._companion(s, setup)
+            if companion is not None and companion != s and companion not in out:
                 out.append(companion)
+        if out and len(out) < fill:
+            for key in self._lengths(setup):
+                taped = self._taped(key)
+                if len(out) < fill and len(taped) == 1 and taped <= set(self.coarse_batches):
+                    other = next(b for b in self.coarse_batches if b not in taped)
+                    companion = BatchShape(other, key[1], key[2])
+                    if companion not in out and self._lacks(key, other):
+                        out.append(companion)
         return out
+
+    def _companion(self, shape: BatchShape, setup: Setup) -> BatchShape | None:
+        """The other coarse batch at ``shape``'s lengths when exactly one has a tape there."""
+        taped = self.batches(shape, setup)
+        smallest = self.coarse_batches[0]
+        if not taped and shape.batch_size > smallest and repr(setup) in self._across_setups:
+            # lengths with no tape, where replays across lengths have worked for the setup:
+            # its smallest coarse batch, from which any batch there is replayed
+            return replace(shape, batch_size=smallest)
+        if shape.batch_size < MIN_BATCH or len(taped) != 1:
+            return None
+        if not self._lacks(self._key(shape, setup, False, True), shape.batch_size):
+            return None  # replayed from tapes at other lengths
+        other = next(b for b in self.coarse_batches if b not in taped)
+        return replace(shape, batch_size=other)
+
+    def _lengths(self, setup: Setup) -> list[tuple]:
+        """The keys (:meth:`_key`) of ``setup``'s activation traces at each of the lengths
+        with tapes, in the order they were first kept."""
+        key = self._key(BatchShape(MIN_BATCH, 1, 1), setup, False, True)
+        same = [k[:5] for k in self._tapes if k[0] == key[0] and k[3:5] == key[3:5]]
+        return list(dict.fromkeys(same))
 
 
 class Rows:

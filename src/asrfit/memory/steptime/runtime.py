@@ -224,6 +224,9 @@ class OpCounter(TorchDispatchMode):
         # every call in order, ``(step, row key, weight)`` (asrfit.memory.tape), when a
         # list is set
         self.calls: list[tuple[int, tuple, int]] | None = None
+        # each call's bytes, operand by operand (its row's bytes are their sum; one that
+        # counts values negated: _operand), beside calls
+        self.operands: list[tuple[int, ...]] = []
         self._reading: int | None = None  # the storage of the latest scalar read (.item())
 
     def __enter__(self) -> OpCounter:
@@ -247,6 +250,7 @@ class OpCounter(TorchDispatchMode):
         self.counts.setdefault(step, Counter())[key] += 1
         if self.calls is not None:
             self.calls.append((step, key, 1))
+            self.operands.append(())
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -279,8 +283,9 @@ class OpCounter(TorchDispatchMode):
         outputs = tensors_in(out)
         # reads and writes: distinct inputs plus distinct outputs (an in-place op's output
         # is its input, read once and written once)
-        nbytes = sum(_tensor_bytes(t) for t in {id(t): t for t in inputs}.values())
-        nbytes += sum(_tensor_bytes(t) for t in {id(t): t for t in outputs}.values())
+        operands = [self._operand(t) for t in {id(t): t for t in inputs}.values()]
+        operands += [self._operand(t) for t in {id(t): t for t in outputs}.values()]
+        nbytes = sum(abs(n) for n in operands)
         kind = "optimizer" if phase in ("optimizer", "zero_grad") else op_kind(name)
         if kind == "copy" and _is_layout_copy(name, args, out):
             kind = "layout"
@@ -301,19 +306,29 @@ class OpCounter(TorchDispatchMode):
             first = args[0] if args and isinstance(args[0], (list, tuple)) else inputs
             tensors = max(1, len(first))
         key = (phase, kind, dtype, flops, nbytes, tensors, shape)
-        keys = [key]
+        keys = [(key, tuple(operands))]
         for i in CONTIGUOUS_INPUTS.get(name, ()):  # the copies the kernel makes itself
             t = args[i] if i < len(args) else None
             if isinstance(t, torch.Tensor) and _needs_layout_copy(t):
                 copied = t.numel() * t.element_size()
-                keys.append((phase, "layout", _dtype_key(t.dtype), 0, 2 * copied, 1, None))
+                row = (phase, "layout", _dtype_key(t.dtype), 0, 2 * copied, 1, None)
+                keys.append((row, (copied, copied)))
         counts = self.counts.setdefault(step, Counter())
-        for k in keys:
+        for k, parts in keys:
             counts[k] += weight
             if self.calls is not None:
                 self.calls.append((step, k, weight))
+                self.operands.append(parts)
         calls = len(keys)
         self.traced[step] += calls if phase in STEP_PHASES else 0
+
+    def _operand(self, t: torch.Tensor) -> int:
+        """An operand's bytes for :attr:`operands`: negated where its size counts values (its
+        storage made by an op PyTorch tags ``dynamic_output_shape``: a boolean-mask index)."""
+        nbytes = _tensor_bytes(t)
+        made_by = None if self.tracker is None else self.tracker.made_by(t)
+        tags = getattr(made_by, "tags", ())
+        return -nbytes if torch.Tag.dynamic_output_shape in tags else nbytes
 
     def cost(self, step: int | None = None, phases: tuple[str, ...] = STEP_PHASES) -> StepCost:
         """The step's kernels (Default: the last step), rows sorted for a stable cache."""

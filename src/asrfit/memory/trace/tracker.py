@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -245,6 +245,11 @@ class StorageTracker(TorchDispatchMode):
         self._refs[cdata] = weakref.ref(st, _on_free)
         return key
 
+    def made_by(self, t: torch.Tensor) -> Any:
+        """The op that made ``t``'s storage (None: made outside the tracker's ops)."""
+        key = self._keys.get(t.untyped_storage()._cdata)
+        return None if key is None else self.log.blocks[key].op
+
     def register(self, tensors: Any, tag: str) -> None:
         """Count tensors made outside the tracker (parameters, buffers, inputs) under ``tag``."""
         for t in tree_flatten(tensors)[0]:
@@ -271,9 +276,7 @@ class StorageTracker(TorchDispatchMode):
         (:mod:`asrfit.memory.trace.lattice`), categorised like ``like``, at event index ``at``
         (Default: now); free it with :meth:`drop`."""
         key = next(self._ids)
-        self.log.blocks[key] = Block(
-            key, nbytes, like.phase, like.step, like.tag, like.op, (), like.dtype, like.region
-        )
+        self.log.blocks[key] = replace(like, key=key, nbytes=nbytes, shape=())
         self.log.events.insert(len(self.log.events) if at is None else at, (key, 1))
         return key
 

@@ -1,0 +1,93 @@
+"""Companion traces (asrfit.plan.tapes.Tapes.companions): the coarse batch a length lacks for
+its refinements to be replayed, and, side by side, those idle workers trace ahead.
+
+The tapes here stand in for traces (only their batch is read), and replay across lengths
+(asrfit.memory.tape_lengths, compared with fresh traces in test_trace_tape_lengths.py) is
+set to refuse, as it does for a transducer's lattice, or to succeed: which shapes are asked
+for is what is checked, counted from the tapes kept.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import asrfit.plan.tapes as tapes_module
+from asrfit.memory.setup import Setup
+from asrfit.memory.step import BatchShape
+from asrfit.plan.tapes import Tapes
+
+SETUP = Setup()
+LENGTHS = {1: (16_000, 15), 2: (32_000, 30), 3: (64_000, 60), 4: (32_000, 7)}
+
+
+@pytest.fixture
+def refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tapes_module, "replay_across", lambda *args: None)
+
+
+@pytest.fixture
+def replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tapes_module, "replay_across", lambda *args: object())
+
+
+def tapes_at(*shapes: tuple[int, int]) -> Tapes:
+    """Tapes of ``SETUP``'s activation traces at ``(batch, length number)``."""
+    tapes = Tapes("m", "cuda", (2, 4))
+    for batch, length in shapes:
+        tape = SimpleNamespace(batch=BatchShape(batch, *LENGTHS[length]))
+        tapes.keep(SETUP, False, True, tape)  # type: ignore[arg-type]
+    return tapes
+
+
+def at(batch: int, length: int) -> BatchShape:
+    return BatchShape(batch, *LENGTHS[length])
+
+
+def test_a_length_with_one_tape_gets_the_other_coarse_batch(refused: None) -> None:
+    tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
+    assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]
+    assert tapes.companions([at(32, 3)], SETUP) == [at(2, 3)]
+    assert tapes.companions([at(32, 2)], SETUP) == []  # both coarse batches there already
+
+
+def test_idle_workers_trace_ahead_the_other_lengths_companions(refused: None) -> None:
+    tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
+    assert tapes.companions([at(32, 1)], SETUP, fill=2) == [at(4, 1), at(2, 3)]
+    assert tapes.companions([at(32, 1)], SETUP, fill=4) == [at(4, 1), at(2, 3)]  # no more
+    assert tapes.companions([at(32, 1), at(9, 3)], SETUP, fill=2) == [at(4, 1), at(2, 3)]
+
+
+def test_nothing_is_traced_ahead_when_nothing_is_needed(refused: None) -> None:
+    """A phase without companions runs the shapes themselves: no worker waits on it."""
+    tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
+    assert tapes.companions([at(32, 2)], SETUP, fill=2) == []
+
+
+def test_other_setups_and_lengths_without_tapes_are_not_traced_ahead(refused: None) -> None:
+    tapes = tapes_at((2, 1), (4, 3))
+    other = Setup(gradient_checkpointing=True)
+    shape = SimpleNamespace(batch=at(2, 2))
+    tapes.keep(other, False, True, shape)  # type: ignore[arg-type]
+    # length 2 has a tape of another setup only: nothing to complete there for SETUP
+    assert tapes.companions([at(32, 1)], SETUP, fill=3) == [at(4, 1), at(2, 3)]
+    assert tapes.companions([at(32, 2)], other, fill=3) == [at(4, 2)]
+
+
+def test_a_length_replayed_across_lengths_needs_no_companion(replayed: None) -> None:
+    tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
+    assert tapes.companions([at(32, 1), at(9, 3)], SETUP, fill=2) == []
+
+
+def test_a_length_without_tapes_gets_the_smallest_batch_once_replays_across_work(
+    replayed: None,
+) -> None:
+    """The label pairs' shapes (the same input, fewer labels): no tape at their lengths. A
+    batch of 2 there is replayed to theirs once replays across lengths have worked for the
+    setup; before, tracing it would save nothing if they then refused."""
+    tapes = tapes_at((2, 1), (2, 2), (4, 2))
+    assert tapes.companions([at(32, 4)], SETUP) == []  # no replay across lengths yet
+    assert tapes.companions([at(32, 1)], SETUP) == []  # replayed from length 2's pair
+    assert tapes.companions([at(32, 4)], SETUP) == [at(2, 4)]
+    assert tapes.companions([at(2, 4)], SETUP) == []  # the smallest batch itself is traced
