@@ -225,9 +225,9 @@ class CostEstimator:
             return
         if not self._traced_here:
             # the first trace imports the tracing code (and the model's, where nothing has
-            # built it yet) and warms the fake-tensor caches: here, once, for workers to share
-            # (while they wait: an optimizer state's, the cheapest, where there is one)
-            key = min(todo, key=lambda k: todo[k][3])
+            # built it yet), warms the fake-tensor caches and learns whether its setup is
+            # traced whole (all then keep alike tapes): here, once, for workers to share
+            key = next(iter(todo))
             self._ready[key] = self.trace(*todo.pop(key))
             self._ready_replays[key] = self._replayed_rows
         from asrfit.memory.fit.depth import learn_whole_cheaper, whole_cheaper
