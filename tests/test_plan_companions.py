@@ -1,5 +1,5 @@
 """Companion traces (asrfit.plan.tapes.Tapes.companions): the coarse batch a length lacks for
-its refinements to be replayed, and, side by side, those idle workers trace ahead.
+its refinements to be replayed.
 
 The tapes here stand in for traces (only their batch is read), and replay across lengths
 (asrfit.memory.tape_lengths, compared with fresh traces in test_trace_tape_lengths.py) is
@@ -52,32 +52,9 @@ def test_a_length_with_one_tape_gets_the_other_coarse_batch(refused: None) -> No
     assert tapes.companions([at(32, 2)], SETUP) == []  # both coarse batches there already
 
 
-def test_idle_workers_trace_ahead_the_other_lengths_companions(refused: None) -> None:
-    tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
-    assert tapes.companions([at(32, 1)], SETUP, fill=2) == [at(4, 1), at(2, 3)]
-    assert tapes.companions([at(32, 1)], SETUP, fill=4) == [at(4, 1), at(2, 3)]  # no more
-    assert tapes.companions([at(32, 1), at(9, 3)], SETUP, fill=2) == [at(4, 1), at(2, 3)]
-
-
-def test_nothing_is_traced_ahead_when_nothing_is_needed(refused: None) -> None:
-    """A phase without companions runs the shapes themselves: no worker waits on it."""
-    tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
-    assert tapes.companions([at(32, 2)], SETUP, fill=2) == []
-
-
-def test_other_setups_and_lengths_without_tapes_are_not_traced_ahead(refused: None) -> None:
-    tapes = tapes_at((2, 1), (4, 3))
-    other = Setup(gradient_checkpointing=True)
-    shape = SimpleNamespace(batch=at(2, 2))
-    tapes.keep(other, False, True, shape)  # type: ignore[arg-type]
-    # length 2 has a tape of another setup only: nothing to complete there for SETUP
-    assert tapes.companions([at(32, 1)], SETUP, fill=3) == [at(4, 1), at(2, 3)]
-    assert tapes.companions([at(32, 2)], other, fill=3) == [at(4, 2)]
-
-
 def test_a_length_replayed_across_lengths_needs_no_companion(replayed: None) -> None:
     tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
-    assert tapes.companions([at(32, 1), at(9, 3)], SETUP, fill=2) == []
+    assert tapes.companions([at(32, 1), at(9, 3)], SETUP) == []
 
 
 def test_a_length_without_tapes_gets_the_smallest_batch_once_replays_across_work(
@@ -91,3 +68,11 @@ def test_a_length_without_tapes_gets_the_smallest_batch_once_replays_across_work
     assert tapes.companions([at(32, 1)], SETUP) == []  # replayed from length 2's pair
     assert tapes.companions([at(32, 4)], SETUP) == [at(2, 4)]
     assert tapes.companions([at(2, 4)], SETUP) == []  # the smallest batch itself is traced
+
+
+def test_other_setups_tapes_are_not_counted(refused: None) -> None:
+    tapes = tapes_at((2, 1), (4, 3))
+    other = Setup(gradient_checkpointing=True)
+    tapes.keep(other, False, True, SimpleNamespace(batch=at(4, 1)))  # type: ignore[arg-type]
+    assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]
+    assert tapes.companions([at(32, 1)], other) == [at(2, 1)]

@@ -2,8 +2,7 @@
 
 Reference: the same plan made with ``ASRFIT_TRACE_WORKERS=1`` (every trace in the planning
 process, the code path before workers existed), compared field by field, and the cache
-entries both runs write compared byte for byte except the trace's own wall time (side by
-side, a worker that would idle may trace ahead a companion the serial plan never asks for).
+entries both runs write compared byte for byte except the trace's own wall time.
 """
 
 from __future__ import annotations
@@ -149,8 +148,5 @@ def test_a_plan_with_trace_workers_is_the_plan_of_one_process(
     for d in plans:  # host RAM is read afresh by each plan and quoted in the data reasons
         d["data"].pop("reasons")
     assert plans[0] == plans[1]
-    # the same simulations, to the byte; side by side, idle workers may have traced ahead a
-    # companion the plan then did not need (asrfit.plan.tapes.Tapes.companions)
-    assert {k: parallel_entries[k] for k in serial_entries} == serial_entries
-    ahead = len(parallel_entries) - len(serial_entries)
-    assert parallel_count == serial_count + ahead > 0  # each counted once, wherever it ran
+    assert parallel_count == serial_count > 0  # each simulation counted once, wherever it ran
+    assert parallel_entries == serial_entries  # the same simulations, to the byte

@@ -404,10 +404,9 @@ class CostEstimator:
     def prefetch_activations(self, shapes: list[BatchShape], setup: Setup) -> None:
         """:meth:`prefetch` the activation traces of ``setup`` at ``shapes``, after their
         companions (:meth:`Tapes.companions`: traced for their tapes only, to replay the
-        shapes they complete; side by side, idle workers trace ahead more of them)."""
+        shapes they complete)."""
         base = _activation_base(setup)
-        fill = trace_workers() if self.target != "cpu" else 1
-        companions = self.tapes.companions(shapes, base, fill)
+        companions = self.tapes.companions(shapes, base)
         self.prefetch([(s, base, False, True) for s in companions])
         for s in companions:
             self._simulate(s, base, "tape", False)

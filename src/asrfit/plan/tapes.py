@@ -162,18 +162,13 @@ class Tapes:
         """The reduced traces of a scaled step of ``batch``, replayed where they can be."""
         return Rows(self, batch, setup, self._key(batch, setup, optimizer_step, forward_backward))
 
-    def companions(self, shapes: list[BatchShape], setup: Setup, fill: int = 0) -> list[BatchShape]:
+    def companions(self, shapes: list[BatchShape], setup: Setup) -> list[BatchShape]:
         """Coarse shapes to trace first so that ``shapes`` (activation traces of ``setup``)
         can be replayed: at each of their lengths with exactly one tape, the other coarse
         batch, unless the step is replayed from it and tapes at other lengths
         (:mod:`asrfit.memory.tape_lengths`); with none, the smallest coarse batch where such
         replays have worked for ``setup`` (else none: tracing two to replay the rest would
-        save nothing).
-
-        With ``fill`` (the trace workers that run them side by side), fewer companions than
-        that are joined by those of ``setup``'s other lengths with one tape, for the shapes
-        the planner may ask there next: a worker that would idle traces one ahead.
-        """
+        save nothing)."""
         if not self.enabled:
             return []
         out: list[BatchShape] = []
@@ -181,14 +176,6 @@ class Tapes:
             companion = self._companion(s, setup)
             if companion is not None and companion != s and companion not in out:
                 out.append(companion)
-        if out and len(out) < fill:
-            for key in self._lengths(setup):
-                taped = self._taped(key)
-                if len(out) < fill and len(taped) == 1 and taped <= set(self.coarse_batches):
-                    other = next(b for b in self.coarse_batches if b not in taped)
-                    companion = BatchShape(other, key[1], key[2])
-                    if companion not in out and self._lacks(key, other):
-                        out.append(companion)
         return out
 
     def _companion(self, shape: BatchShape, setup: Setup) -> BatchShape | None:
@@ -205,13 +192,6 @@ class Tapes:
             return None  # replayed from tapes at other lengths
         other = next(b for b in self.coarse_batches if b not in taped)
         return replace(shape, batch_size=other)
-
-    def _lengths(self, setup: Setup) -> list[tuple]:
-        """The keys (:meth:`_key`) of ``setup``'s activation traces at each of the lengths
-        with tapes, in the order they were first kept."""
-        key = self._key(BatchShape(MIN_BATCH, 1, 1), setup, False, True)
-        same = [k[:5] for k in self._tapes if k[0] == key[0] and k[3:5] == key[3:5]]
-        return list(dict.fromkeys(same))
 
 
 class Rows:
