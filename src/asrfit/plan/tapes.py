@@ -4,8 +4,9 @@ Traces of one setup at one input and label length differ only in sizes, each con
 proportional to the batch: once two batches of a length are traced, any other batch there
 is replayed from their tapes in milliseconds, exactly as a trace would report it
 (:mod:`asrfit.memory.tape`); and so is any batch of another length with one tape, the batch
-rule read from the two (:mod:`asrfit.memory.tape_lengths`). :class:`Tapes` keeps this run's tapes (from its own traces and its
-trace workers'), replays what it can, and names the traces that make a refinement replayable.
+rule read from the two (:mod:`asrfit.memory.tape_lengths`). :class:`Tapes` keeps this run's
+tapes (from its own traces and its trace workers'), replays what it can, and names the traces
+that make a refinement replayable.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ class Tapes:
         return out
 
     def _companion(self, shape: BatchShape, setup: Setup) -> BatchShape | None:
-        """The other coarse batch at ``shape``'s lengths when exactly one has a tape there."""
+        """:meth:`companions`' shape for ``shape``, or None."""
         taped = self.batches(shape, setup)
         smallest = self.coarse_batches[0]
         if not taped and shape.batch_size > smallest and repr(setup) in self._across_setups:
