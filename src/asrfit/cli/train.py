@@ -68,6 +68,14 @@ from asrfit.cli.render import console, print_json, rows_table
     help="Utterances per optimizer step.",
 )
 @click.option(
+    "--precision",
+    type=click.Choice(["auto", "fp32", "bf16", "fp16", "pure_bf16"]),
+    default="auto",
+    show_default=True,
+    help="The plan's precision (as asrfit plan --precision); auto: the planner's choice for "
+    "the GPU or CPU. Not with --plan, which keeps its own.",
+)
+@click.option(
     "--epochs", type=POSITIVE_FLOAT, default=10.0, show_default=True, help="Epochs (per stage)."
 )
 @click.option(
@@ -177,6 +185,7 @@ def command(
     plan_path: str | None,
     force_plan: bool,
     target_batch: int,
+    precision: str,
     epochs: float,
     max_steps: int | None,
     learning_rate: float | None,
@@ -225,6 +234,7 @@ def command(
         plan=plan_path,
         force_plan=force_plan,
         target_batch=target_batch,
+        precision=_precision(precision, plan_path, gpu),
         epochs=epochs,
         max_steps=max_steps,
         learning_rate=learning_rate,
@@ -273,3 +283,26 @@ def command(
         f"plots: asrfit report {out_dir})",
         highlight=False,
     )
+
+
+def _precision(precision: str, plan_path: str | None, gpu: str) -> str | None:
+    """``--precision`` as the run's config takes it (None: auto), refused with ``--plan`` and
+    where the hardware cannot compute in it (:func:`asrfit.plan.precision.check_precision`)."""
+    from asrfit.cli.options import usage_error
+    from asrfit.errors import ConfigError
+    from asrfit.plan.precision import check_precision
+    from asrfit.profiles.hardware import HardwareProfile
+
+    if precision == "auto":
+        return None
+    if plan_path is not None:
+        raise usage_error(
+            f"--precision {precision} --plan {plan_path}",
+            "a saved plan keeps the precision it was made for; make another with "
+            "`asrfit plan --precision ...`, or leave --precision out.",
+        )
+    try:
+        check_precision(precision, HardwareProfile.resolve(gpu))
+    except ConfigError as exc:
+        raise usage_error(f"--precision {precision} --gpu {gpu}", str(exc)) from exc
+    return precision

@@ -73,7 +73,10 @@ def choose_precision(precision: str | None, gpu: Any) -> tuple[str, str]:
         check_precision(precision, gpu)
         return str(precision), "as asked"
     if name == "CPU":
-        return "fp32", "training on the CPU: fp32 (CPU autocast gains little)"
+        return "fp32", (
+            "training on the CPU: fp32 (bf16 autocast, --precision bf16, pays only on a CPU with "
+            "native bf16, and little there: docs/history.md, bf16 autocast on the CPU)"
+        )
     if gpu is None:
         return (
             "bf16",

@@ -49,9 +49,15 @@ def plan_for(
 
     hardware = HardwareProfile.resolve(cfg.gpu)
     dataset = dataset_profile(cfg, train_set)
-    return make_plan(
-        hardware, dataset, asr.config, target_effective_batch=cfg.target_batch, max_seconds=cap
-    ), hardware
+    plan = make_plan(
+        hardware,
+        dataset,
+        asr.config,
+        target_effective_batch=cfg.target_batch,
+        max_seconds=cap,
+        precision=cfg.precision,
+    )
+    return plan, hardware
 
 
 def prepare_data(cfg: RunConfig, out: Path) -> tuple[list[Any], SkipLog, ValidationPolicy]:

@@ -32,6 +32,9 @@ class RunConfig(JsonDataclass):
             another model, GPU or dataset (its fingerprints), unless ``force_plan``.
         force_plan: Train with ``plan`` even when its fingerprints differ (logged).
         target_batch: Utterances per optimizer step.
+        precision: The plan's precision ("fp32", "bf16", "fp16", "pure_bf16"); None: the
+            planner's choice for the hardware (:func:`asrfit.plan.search.candidate_setups`).
+            Not used with ``plan`` (a saved plan keeps its own).
         epochs: Epochs per stage.
         max_steps: Optimizer steps per stage (wins over ``epochs``).
         learning_rate: Peak LR. (Default: 1e-3 for random weights, 5e-5 for pretrained ones)
@@ -68,6 +71,7 @@ class RunConfig(JsonDataclass):
     plan: str | None = None
     force_plan: bool = False
     target_batch: int = 32
+    precision: str | None = None
     epochs: float = 10.0
     max_steps: int | None = None
     learning_rate: float | None = None
