@@ -12,7 +12,10 @@ and its own voices (:func:`~asrfit.recipes.speech.voices.split_voices`):
 Each utterance draws from its own random stream ``(seed, split, index)``. espeak-ng keeps some
 synthesis state from one call to the next that neither a re-initialisation nor its random seed
 resets, so utterances are rendered in fixed shards of :data:`SHARD_SIZE`, each in a fresh
-process: the corpus is byte-identical for a seed whatever the number of worker processes.
+process: the corpus is byte-identical for a seed whatever the number of worker processes. An
+utterance's samples still depend on the utterances before it in its shard, and shards run
+across the splits in order, so another ``num_train`` also changes dev's and test's espeak-ng
+renders (their sentences, voices and conditions stay).
 """
 
 from __future__ import annotations

@@ -139,8 +139,12 @@ class Espeak:
             pitch: Base pitch, 0-100.
             pitch_range: Pitch range, 0-100 (0 is a monotone).
             word_gap: Extra pause between words, in units of 10 ms.
-            seed: Seeds espeak-ng's own noise (breath, frication, pitch flutter), so the same
-                arguments give the same samples whatever was rendered before.
+            seed: Seeds espeak-ng's own noise (breath, frication) and libc's ``rand()``. The
+                library also keeps state of its own from one render to the next, which
+                ``espeak_Terminate`` and ``espeak_Initialize`` do not reset, so the same
+                arguments give slightly different samples after other renders: the samples
+                are fixed by the arguments and by every render before them in this process
+                (docs/history.md, 2026-12-06).
 
         Raises:
             AudioError: When espeak-ng rejects the voice or the text, or renders nothing.
