@@ -144,7 +144,7 @@ class Espeak:
                 ``espeak_Terminate`` and ``espeak_Initialize`` do not reset, so the same
                 arguments give slightly different samples after other renders: the samples
                 are fixed by the arguments and by every render before them in this process
-                (docs/history.md, 2026-12-06).
+                (:mod:`asrfit.recipes.speech.corpus` renders in fixed shards for it).
 
         Raises:
             AudioError: When espeak-ng rejects the voice or the text, or renders nothing.
