@@ -24,6 +24,7 @@ from test_ddp import make_data, make_plan, make_trainer
 from asrfit.data.sampler import MemoryBudgetSampler
 from asrfit.train.interrupt import TrainingInterrupted
 from asrfit.train.step import OptimizerStep
+from asrfit.utils.process_exit import exit_process
 
 STEPS = 5
 SIGNAL_AT = 2
@@ -67,7 +68,7 @@ def main(out: Path, mode: str) -> int:
         torch.save = save
     try:
         return run(trainer, sampler, data, durations, out, mode, rank)
-    finally:  # leaves the gloo group: exiting in it can abort at interpreter shutdown
+    finally:  # leaves the gloo group (its threads stay: the process ends by exit_process)
         trainer.end_training()
 
 
@@ -103,4 +104,4 @@ def run(trainer, sampler, data, durations, out: Path, mode: str, rank: int) -> i
 if __name__ == "__main__":
     status = main(Path(sys.argv[1]), sys.argv[2])
     print(f"rank {os.environ['RANK']}: main returned {status}", file=sys.stderr, flush=True)
-    sys.exit(status)
+    exit_process(status)

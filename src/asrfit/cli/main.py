@@ -53,8 +53,14 @@ _register()
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="asrfit")
+    """Console-script entry point. One of several torchrun processes exits without
+    finalizing the interpreter (:mod:`asrfit.utils.process_exit` says why)."""
+    from asrfit.utils.process_exit import exit_process
+
+    try:
+        cli(prog_name="asrfit")
+    except SystemExit as done:
+        exit_process(done.code)
 
 
 if __name__ == "__main__":

@@ -477,7 +477,8 @@ class MemoryEfficientTrainer:
 
     def end_training(self) -> None:
         """Leave the process group (Accelerate's ``end_training``) once no trainer of this
-        process trains again: a torchrun process exiting in its gloo group can SIGABRT."""
+        process trains again. gloo's worker threads outlive it: one of several processes
+        exits last with :func:`asrfit.utils.process_exit.exit_process`, not ``sys.exit``."""
         self.accelerator.end_training()
 
     def save_checkpoint(self) -> Path | None:
