@@ -231,6 +231,38 @@ def test_decoder_variant_trains():
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+def test_intermediate_ctc_joins_the_heads_loss_on_an_earlier_block():
+    """The loss against F.ctc_loss on the final logits and on the head applied to block 1's
+    output, read by a forward hook (Wav2Vec2's "mean": per-utterance loss over its labels)."""
+    torch.manual_seed(3)
+    feats, mask = torch.randn(2, 40, 13), torch.ones(2, 40, dtype=torch.long)
+    mask[1, 30:] = 0
+    labels = torch.tensor([[1, 2, 3, 4], [5, 6, 7, -100]])
+    plain = tiny_model(dropout=0.0).eval()
+    model = tiny_model(dropout=0.0, intermediate_ctc_layer=1, intermediate_ctc_weight=0.25).eval()
+    model.load_state_dict(plain.state_dict())  # the option adds no parameter
+    seen = []
+    model.encoder.layers[0].register_forward_hook(lambda _m, _i, out: seen.append(out))
+
+    def ctc(logits, lengths):
+        log_probs = torch.log_softmax(logits.float(), -1).transpose(0, 1)
+        kept = labels >= 0
+        return torch.nn.functional.ctc_loss(
+            log_probs, labels[kept], lengths, kept.sum(-1), blank=0, zero_infinity=True
+        )
+
+    out = model(feats, attention_mask=mask, labels=labels)
+    lengths = out.output_lengths
+    final, inter = ctc(out.logits, lengths), ctc(model.ctc_head(seen[0]), lengths)
+    torch.testing.assert_close(out.loss, 0.75 * final + 0.25 * inter)
+    assert out.ctc_loss is out.loss and not torch.isclose(final, inter)
+    base = plain(feats, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(base.loss, final)  # 0: the final loss alone
+    torch.testing.assert_close(base.logits, out.logits)
+    seen.clear()
+    assert model(feats, attention_mask=mask).loss is None and len(seen) == 1  # no labels
+
+
 def test_decoder_end_token_never_collides_with_a_character():
     # vocab_size 10: the CTC classes are 0..9, id 9 a real character. <sos/eos> is id 10.
     model = tiny_model(decoder_layers=1, dropout=0.0).eval()
@@ -302,6 +334,9 @@ def test_save_pretrained_and_auto_from_pretrained_round_trip(tmp_path):
         ({"subsampling_conv_channels": 0}, "subsampling_conv_channels"),
         ({"dropout": 1.0}, "dropout"),
         ({"ctc_weight": 1.5}, "ctc_weight"),
+        ({"intermediate_ctc_layer": 2}, "intermediate_ctc_layer"),  # the last block of 2
+        ({"intermediate_ctc_layer": -1}, "intermediate_ctc_layer"),
+        ({"intermediate_ctc_layer": 1, "intermediate_ctc_weight": 1.0}, "intermediate_ctc_weight"),
         ({"vocab_size": 1}, "vocab_size"),
         ({"pad_token_id": 10}, "pad_token_id"),
         ({"encoder_layers": 0}, "encoder_layers"),

@@ -139,15 +139,19 @@ def test_lstm_workspace_is_counted_on_cpu(one_thread) -> None:
     assert sim.peak_raw_bytes == pytest.approx(truth, rel=0.0045)
 
 
-def test_conformer_cpu_step_matches_the_plain_step(one_thread) -> None:
-    """Conv2d subsampling's oneDNN scratch (about 2x its input in backward) is counted."""
+@pytest.mark.parametrize(
+    "layers", [{"encoder_layers": 1}, {"encoder_layers": 2, "intermediate_ctc_layer": 1}]
+)
+def test_conformer_cpu_step_matches_the_plain_step(one_thread, layers) -> None:
+    """Conv2d subsampling's oneDNN scratch (about 2x its input in backward) is counted; and
+    intermediate CTC's second loss, traced as the model's own code."""
     from asrfit.models.conformer import conformer_config
 
-    config = conformer_config(64, encoder_layers=1, encoder_attention_heads=2)
+    config = conformer_config(64, encoder_attention_heads=2, **layers)
     batch, setup = BatchShape(2, 160, 10), Setup(precision="fp32", optimizer="sgd")
     truth = _truth.measure_adapter_step(hf_adapter(config), batch, setup).peak_bytes
     sim = simulate_step(
-        hf_adapter(conformer_config(64, encoder_layers=1, encoder_attention_heads=2)),
+        hf_adapter(conformer_config(64, encoder_attention_heads=2, **layers)),
         batch,
         setup,
         target="cpu",

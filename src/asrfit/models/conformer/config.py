@@ -74,6 +74,12 @@ class ConformerCTCConfig(PretrainedConfig):
         decoder_layers: Attention-decoder layers; 0 means CTC only (Default: 0).
         decoder_attention_heads: Decoder self- and cross-attention heads (Default: 4).
         ctc_weight: Weight of CTC in the joint loss with a decoder (Default: 0.3).
+        intermediate_ctc_layer: Intermediate CTC (Lee and Watanabe, 2021; ESPnet's
+            ``interctc_layer_idx``, NeMo's ``interctc``): the CTC head also reads the output of
+            this block (1-based, below ``encoder_layers``) and its loss joins the final one; 0
+            for none (Default: 0).
+        intermediate_ctc_weight: The intermediate loss's weight: the CTC loss is
+            ``(1 - w) * final + w * intermediate`` (Default: 0.3).
         max_target_positions: Decoder positions, i.e. the longest label + 1 (Default: 512).
         initializer_range: Std of the normal init of decoder embeddings (Default: 0.02); Linear
             and Conv layers keep PyTorch's default init.
@@ -103,6 +109,8 @@ class ConformerCTCConfig(PretrainedConfig):
     decoder_layers: int = 0
     decoder_attention_heads: int = 4
     ctc_weight: float = 0.3
+    intermediate_ctc_layer: int = 0
+    intermediate_ctc_weight: float = 0.3
     max_target_positions: int = 512
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
@@ -142,7 +150,14 @@ class ConformerCTCConfig(PretrainedConfig):
             raise self._fail(
                 "subsampling_conv_channels", "must be None (d_model) or an integer >= 1"
             )
-        for name, closed in (("dropout", False), ("ctc_weight", True)):
+        layer = self.intermediate_ctc_layer
+        if not _is_int(layer) or not 0 <= layer < self.encoder_layers:
+            raise self._fail(
+                "intermediate_ctc_layer",
+                f"must be 0 (none) or a block below encoder_layers={self.encoder_layers}",
+            )
+        numbers = (("dropout", False), ("ctc_weight", True), ("intermediate_ctc_weight", False))
+        for name, closed in numbers:
             value = getattr(self, name)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not number or not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):

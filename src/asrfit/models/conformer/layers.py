@@ -184,14 +184,19 @@ class ConformerEncoder(nn.Module):
     per_layer_checkpointing = True
 
     def forward(
-        self, features: torch.Tensor, input_lengths: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Encode; returns hidden states and encoder lengths (None when ``input_lengths`` is)."""
+        self,
+        features: torch.Tensor,
+        input_lengths: torch.Tensor | None = None,
+        keep_layer: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Encode; returns hidden states, encoder lengths (None when ``input_lengths`` is) and
+        the output of block ``keep_layer`` (1-based; None for 0: intermediate CTC reads it)."""
         x, lengths = self.subsampling(features, input_lengths)
         positions = sinusoidal_positions(x.shape[1], self.d_model, x.device)
         x = self.dropout(x * math.sqrt(self.d_model) + positions.to(x.dtype))
         frame_mask = length_mask(lengths, x.shape[1]) if lengths is not None else None
-        for layer in self.layers:
+        kept = None
+        for index, layer in enumerate(self.layers, start=1):
             if self.gradient_checkpointing and self.training:
                 x = self._gradient_checkpointing_func(layer.__call__, x, frame_mask)
             elif getattr(layer, "gradient_checkpointing", False) and self.training:
@@ -199,4 +204,6 @@ class ConformerEncoder(nn.Module):
                 x = layer._gradient_checkpointing_func(layer.__call__, x, frame_mask)
             else:
                 x = layer(x, frame_mask)
-        return x, lengths
+            if index == keep_layer:
+                kept = x
+        return x, lengths, kept

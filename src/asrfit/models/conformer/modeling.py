@@ -18,6 +18,9 @@ Shapes (B: batch, T: mel frames, T': encoder frames, U: label tokens, D: ``d_mod
 - CTC head: Linear D -> ``vocab_size``; blank is ``pad_token_id``. The loss follows Hugging
   Face Wav2Vec2's ``"mean"`` reduction: each utterance's CTC loss divided by its target
   length, then the batch mean (``zero_infinity=True``).
+- Optional intermediate CTC (``intermediate_ctc_layer = k > 0``; Lee and Watanabe, 2021): the
+  same CTC head on block k's output, given labels; the CTC loss is
+  ``(1 - intermediate_ctc_weight) * final + intermediate_ctc_weight * intermediate``.
 - Optional attention decoder (``decoder_layers > 0``, :mod:`asrfit.models.conformer.decoder`):
   joint loss ``ctc_weight * ctc + (1 - ctc_weight) * cross-entropy``.
 
@@ -53,7 +56,7 @@ class ConformerCTCOutput(ModelOutput):
     Attributes:
         loss: Joint loss (CTC only without a decoder), when labels were given.
         logits: CTC logits (B, T', vocab_size).
-        ctc_loss: The CTC part of the loss.
+        ctc_loss: The CTC part of the loss (with intermediate CTC, final and intermediate joined).
         decoder_loss: The decoder's token cross-entropy (decoder only).
         decoder_logits: Decoder logits (B, U + 1, decoder_vocab_size) (decoder only).
         output_lengths: Encoder frames per utterance (B,).
@@ -148,7 +151,8 @@ class ConformerForCTC(PreTrainedModel):
             :class:`ConformerCTCOutput` (or its tuple).
         """
         input_lengths = attention_mask.sum(-1).long() if attention_mask is not None else None
-        hidden, lengths = self.encoder(input_features, input_lengths)
+        keep = self.config.intermediate_ctc_layer if labels is not None else 0
+        hidden, lengths, intermediate = self.encoder(input_features, input_lengths, keep)
         logits = self.ctc_head(self.ctc_dropout(hidden))
         frames = hidden.shape[1]
         if lengths is None:
@@ -156,6 +160,11 @@ class ConformerForCTC(PreTrainedModel):
         loss = ctc_loss = decoder_loss = decoder_logits = None
         if labels is not None:
             loss = ctc_loss = self._ctc_loss(logits, labels, lengths)
+            if intermediate is not None:  # the shared head on an earlier block's output
+                weight = self.config.intermediate_ctc_weight
+                inter_logits = self.ctc_head(self.ctc_dropout(intermediate))
+                inter_loss = self._ctc_loss(inter_logits, labels, lengths)
+                loss = ctc_loss = (1.0 - weight) * ctc_loss + weight * inter_loss
         if self.decoder is not None and (labels is not None or decoder_input_ids is not None):
             frame_mask = length_mask(lengths, frames) if input_lengths is not None else None
             decoder_logits, decoder_loss = self.decoder(
