@@ -259,8 +259,10 @@ def test_intermediate_ctc_joins_the_heads_loss_on_an_earlier_block():
     base = plain(feats, attention_mask=mask, labels=labels)
     torch.testing.assert_close(base.loss, final)  # 0: the final loss alone
     torch.testing.assert_close(base.logits, out.logits)
-    seen.clear()
-    assert model(feats, attention_mask=mask).loss is None and len(seen) == 1  # no labels
+    assert model(feats, attention_mask=mask).loss is None  # no labels, no loss
+    # the encoder hands back block 1's output only when asked (the forward asks given labels)
+    assert model.encoder(feats)[2] is None
+    torch.testing.assert_close(model.encoder(feats, keep_layer=1)[2], seen[-1])
 
 
 def test_decoder_end_token_never_collides_with_a_character():
