@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from asrfit.cli.main import cli
 from asrfit.memory.step import BatchShape
 from asrfit.plan.search import plan
-from asrfit.profiles.calibration import Calibration, calibration_path, machine_key
+from asrfit.profiles.calibration import SCALE_RANGE, Calibration, calibration_path, machine_key
 from asrfit.profiles.dataset import DatasetProfile
 from asrfit.profiles.hardware import HardwareProfile
 from asrfit.testing import write_manifest
@@ -113,11 +113,17 @@ def test_calibrate_writes_a_file_that_plans_rest_on_and_its_figures_move_the_lim
     # a slower host (host costs x 3) slows the predicted step of every bucket (the steps, not
     # the epoch: the epoch also rests on the loader rate each plan measures live, which a busy
     # machine slows)
+    # (from a scale a third of the range's top at most: steps timed on a busy machine can
+    # solve to the top itself, and three times that is a file plans refuse)
     data["unmodelled_peak_bytes"] = None
+    data["host_scale"] = min(data["host_scale"], SCALE_RANGE[1] / 3)
+    path.write_text(json.dumps(data))
+    base = plan(cpu_only, dataset, "conformer-ctc-tiny", target_hours=10.0)
     data["host_scale"] = 3 * data["host_scale"]
     path.write_text(json.dumps(data))
     third = plan(cpu_only, dataset, "conformer-ctc-tiny", target_hours=10.0)
-    pairs = list(zip(first.buckets, third.buckets, strict=True))
+    assert any(f"host costs x {data['host_scale']:.2f}" in line for line in third.rests_on)
+    pairs = list(zip(base.buckets, third.buckets, strict=True))
     assert all(a.batch_size == b.batch_size for a, b in pairs)
     assert all(b.predicted_step_seconds > a.predicted_step_seconds for a, b in pairs)
 
@@ -137,3 +143,30 @@ def test_no_calibration_is_said_and_a_catalog_gpu_never_takes_this_machines(
 def test_an_out_of_range_scale_is_refused() -> None:
     with pytest.raises(Exception, match="host_scale"):
         Calibration(key={"device": "x"}, written="2026", device="cpu", rates={}, host_scale=100.0)
+
+
+def test_a_scale_pinned_at_the_range_end_is_warned_and_recorded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A small step that took 3.45 s where its parts predict 11 ms (a busy machine): no host
+    # scale in range explains it, so the solver pins the host scale at the top.
+    from asrfit.profiles.host import device_rates
+
+    monkeypatch.setattr(
+        "asrfit.profiles.host.measure_host_rates",
+        lambda: device_rates(HardwareProfile.resolve("T4")),
+    )
+    timed = iter([_shape(3.45, 0.01, 0.0, 0.001), _shape(0.29, 0.01, 0.0, 0.2)])
+    monkeypatch.setattr("asrfit.train.calibrate._time_shape", lambda *a, **k: next(timed))
+    from asrfit.train.calibrate import calibrate
+
+    lines: list[str] = []
+    found, path = calibrate("cpu", "conformer-ctc-tiny", out=tmp_path / "c.json", say=lines.append)
+    assert found.host_scale == SCALE_RANGE[1]
+    assert found.device_scale == pytest.approx((0.29 - 0.01 * SCALE_RANGE[1]) / 0.2)
+    warning = next(line for line in lines if line.startswith("warning:"))
+    assert "host costs x 20" in warning and "3450.0 and 290.0 ms" in warning
+    assert "idle machine" in warning
+    assert json.loads(path.read_text())["measurements"]["scales_at_range_end"] == [
+        "host costs x 20"
+    ]

@@ -337,6 +337,19 @@ def calibrate(
         f"{large.measured_seconds * 1e3:.1f} ms measured"
     )
     host_scale, device_scale = solve_scales(small, large, gpu)
+    pinned = [
+        f"{name} {value:.3g}"
+        for name, value in (("host costs x", host_scale), ("device rates /", device_scale))
+        if value in SCALE_RANGE
+    ]
+    if pinned:
+        say(
+            f"warning: {' and '.join(pinned)} sit at the end of the range "
+            f"{SCALE_RANGE[0]}-{SCALE_RANGE[1]}: no scales in it explain both timed steps "
+            f"({small.measured_seconds * 1e3:.1f} and {large.measured_seconds * 1e3:.1f} ms), "
+            "so the machine was probably busy; run asrfit calibrate again on an idle machine."
+        )
+        measured["scales_at_range_end"] = pinned
     unmodelled = ratio = None
     modelled_ratio = 1.0
     if gpu and large.measured_peak_bytes is not None:
