@@ -15,7 +15,12 @@ from asrfit.memory.cache import model_key
 from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.models.conformer import conformer_config
-from asrfit.plan.checkpointing import choose_layers, encoder_layers_of, no_k_can_win
+from asrfit.plan.checkpointing import (
+    choose_layers,
+    encoder_layers_of,
+    no_k_can_win,
+    recompute_bound,
+)
 from asrfit.plan.costs import CostEstimator
 from asrfit.plan.explain import explain_plan
 from asrfit.plan.search import plan, plan_buckets
@@ -110,6 +115,34 @@ def test_a_bound_leaves_k_untraced_only_where_no_traced_k_beats_none(
     else:
         assert choice is not None and traced_here > 0
         assert max(traced.values()) > off[1][1]
+
+
+@pytest.mark.parametrize("cap", [512, 32])
+def test_the_recompute_bound_holds_only_where_no_traced_checkpointing_beats_none(
+    cap: int, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reference: every k and every layer checkpointed, traced and planned. The bound
+    (unlimited memory, the step of none plus the first layer's recompute marked in its traces)
+    may hold only where none of them plans faster than none; where it holds, choose_layers
+    traces nothing. At a cap of 512 memory limits every bucket and some k is faster."""
+    monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path))  # count every trace
+    _, hardware, estimator, evaluate = _evaluator(cap)
+    base = Setup(precision="bf16", optimizer="adamw")
+    off, rates = evaluate(base), device_rates(hardware)
+    assert len(off[0].first_layer_points) == len(off[0].time_points) > 0
+    before = estimator.simulations
+    holds = recompute_bound(off, evaluate, rates)
+    choice = choose_layers(base, off, evaluate, LAYERS, rates, batch_cap=cap)
+    traced_here = estimator.simulations - before
+    every = evaluate(replace(base, gradient_checkpointing=True))[1][1]
+    traced = {k: evaluate(replace(base, checkpoint_layers=k))[1][1] for k in range(1, LAYERS + 1)}
+    best = max(every, *traced.values())
+    if holds:  # sound: nothing checkpointed plans faster than none, and nothing is traced
+        assert best <= off[1][1] and choice is None and traced_here == 0
+    if cap == 512:
+        assert not holds and best > off[1][1]
+    else:  # one layer's recompute costs more than the few batches memory holds back
+        assert holds
 
 
 def test_plan_uses_partial_checkpointing_and_says_why(

@@ -132,6 +132,7 @@ def step_memory(
     traced_calls: int,
     state_bytes: int,
     assumptions: list[str],
+    first_layer_cost: Any = None,
 ) -> StepMemory:
     """A traced (or replayed) log's peaks and breakdown, as a :class:`StepMemory`."""
     peak, peak_raw, breakdown, step_peaks, phase, transient, segments, phase_peaks = analyse(
@@ -170,4 +171,5 @@ def step_memory(
         trace_seconds=seconds,
         cost=cost,
         traced_calls=traced_calls,
+        **({} if first_layer_cost is None else {"first_layer_cost": first_layer_cost}),
     )

@@ -31,6 +31,7 @@ from asrfit.memory.step import (  # noqa: F401  (StepMemory re-exported)
     StepAdapter,
     StepMemory,
 )
+from asrfit.memory.steptime.layer_span import FirstLayerSpan
 from asrfit.memory.steptime.runtime import OpCounter
 from asrfit.memory.tape import Tape
 from asrfit.memory.trace.engine import plain_accumulation, plain_composites
@@ -211,7 +212,9 @@ def simulate_step(
         lattice = sample_transducer_loop(model, tracker) if sample_lattice else None
         if lattice is not None:
             counter.weight = lattice.weight
-        with tracker, counter, plain_composites(tracker):
+        checkpointing = setup.gradient_checkpointing or bool(setup.checkpoint_layers)
+        span = FirstLayerSpan(model, counter, tracker, steps, enabled=not checkpointing)
+        with tracker, counter, plain_composites(tracker), span:
             tracker.register(list(model.parameters()), "parameters")
             tracker.register(list(model.buffers()), "buffers")
             for step in range(1, steps + 1):
@@ -259,7 +262,14 @@ def simulate_step(
         ]
         calls = counter.calls or []
         tape = Tape.of(
-            tracker.log, calls, batch, steps, counter.operands, shadows=shadows, **figures
+            tracker.log,
+            calls,
+            batch,
+            steps,
+            counter.operands,
+            span.calls,
+            shadows=shadows,
+            **figures,
         )
         keep_tape.append(tape)
     return step_memory(
@@ -272,6 +282,7 @@ def simulate_step(
         detail,
         cost=counter.cost(steps),
         seconds=time.perf_counter() - started,
+        first_layer_cost=span.cost(),
         **figures,
     )
 

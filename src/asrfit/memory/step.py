@@ -148,6 +148,10 @@ class StepMemory(JsonDataclass):
             step, zero_grad), for the step-time model (:mod:`asrfit.memory.steptime.roofline`).
         traced_calls: Kernel calls the trace of the last step made; fewer than ``cost``
             counts where one traced call stands for many (:mod:`asrfit.memory.trace.lattice`).
+        first_layer_cost: The kernels and module calls of the first encoder layer's forward
+            pass in the last step (empty where the model has no encoder layer stack, or the
+            step was not traced whole): what checkpointing that layer runs again in backward
+            (:func:`asrfit.plan.checkpointing.recompute_bound`).
     """
 
     model: str
@@ -169,6 +173,7 @@ class StepMemory(JsonDataclass):
     trace_seconds: float = 0.0
     cost: StepCost = field(default_factory=StepCost)
     traced_calls: int = 0
+    first_layer_cost: StepCost = field(default_factory=StepCost)
 
     @property
     def forward_backward_peak_bytes(self) -> int:

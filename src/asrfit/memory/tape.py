@@ -83,6 +83,9 @@ class Tape:
             ``calls``, negated where the operand's size counts values (its storage made by an
             op such as boolean-mask indexing): what a replay at other lengths scales
             (:mod:`asrfit.memory.tape_lengths`).
+        first_layer: ``calls[i:j]``, the first encoder layer's forward pass, or None
+            (:attr:`~asrfit.memory.step.StepMemory.first_layer_cost`); a replay keeps the
+            calls in order, so the span holds at every batch and length.
 
     The blocks' ops and dtypes are kept as their names, so that a tape is plain data
     (:meth:`to_dict`).
@@ -99,6 +102,7 @@ class Tape:
     shadows: list[Shadow]
     counts_values: frozenset[int] = frozenset()
     operands: list[tuple[int, ...]] = field(default_factory=list)
+    first_layer: tuple[int, int] | None = None
 
     @classmethod
     def of(
@@ -108,10 +112,12 @@ class Tape:
         batch: BatchShape,
         steps: int,
         operands: list[tuple[int, ...]] | None = None,
+        first_layer: tuple[int, int] | None = None,
         **figures: Any,
     ):
         """The tape of a tracker's ``log`` and its counter's ``calls`` and their ``operands``
-        (``figures``: the remaining attributes, ``shadows`` among them)."""
+        (``figures``: the remaining attributes, ``shadows`` among them); ``first_layer``
+        indexes ``calls``."""
         from asrfit.memory.trace.tracker import TraceLog
 
         index = {key: i for i, key in enumerate(log.blocks)}
@@ -134,6 +140,9 @@ class Tape:
         last = [i for i, c in enumerate(calls) if c[0] == steps]
         parts = [operands[i] for i in last] if operands and len(operands) == len(calls) else []
         log = TraceLog(blocks, events, merged)
+        span = None
+        if first_layer is not None and last:  # indexes of the last step's calls
+            span = (first_layer[0] - last[0], first_layer[1] - last[0])
         return cls(
             batch,
             steps,
@@ -141,6 +150,7 @@ class Tape:
             [calls[i] for i in last],
             counts_values=counts_values,
             operands=parts,
+            first_layer=span,
             **figures,
         )
 
@@ -165,6 +175,7 @@ class Tape:
             ],
             "counts_values": sorted(self.counts_values),
             "operands": [list(parts) for parts in self.operands],
+            "first_layer": None if self.first_layer is None else list(self.first_layer),
         }
 
     @classmethod
@@ -201,16 +212,22 @@ class Tape:
             shadows,
             frozenset(data["counts_values"]),
             [tuple(parts) for parts in data.get("operands", [])],
+            None if data.get("first_layer") is None else tuple(data["first_layer"]),
         )
 
-    def cost(self) -> StepCost:
-        """The last step's kernels, as :meth:`OpCounter.cost` gives them."""
+    def cost(self, span: tuple[int, int] | None = None) -> StepCost:
+        """The last step's kernels, as :meth:`OpCounter.cost` gives them (``span``: of
+        ``calls[i:j]`` only)."""
         from asrfit.memory.steptime.runtime import cost_of
 
         counts: Counter = Counter()
-        for _step, key, weight in self.calls:
+        for _step, key, weight in self.calls if span is None else self.calls[slice(*span)]:
             counts[key] += weight
         return cost_of(counts)
+
+    def first_layer_cost(self) -> StepCost:
+        """The first encoder layer's forward kernels (empty where not marked)."""
+        return StepCost() if self.first_layer is None else self.cost(self.first_layer)
 
 
 def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
@@ -244,7 +261,7 @@ def _unlike(first: Tape, second: Tape) -> str | None:
         second.batch.label_length,
     ):
         return "the tapes are of other lengths"
-    for name in ("steps", "traced_calls", "state_bytes", "assumptions"):
+    for name in ("steps", "traced_calls", "state_bytes", "assumptions", "first_layer"):
         if getattr(first, name) != getattr(second, name):
             return f"the tapes' {name} differ"
     if len(first.log.blocks) != len(second.log.blocks):
@@ -435,4 +452,5 @@ def replayed_step(
         traced_calls=tape.traced_calls,
         state_bytes=tape.state_bytes,
         assumptions=list(tape.assumptions),
+        first_layer_cost=tape.first_layer_cost(),
     )

@@ -17,6 +17,12 @@ first k of L encoder layers). For one base setup (no checkpointing), the planner
    now faster, that one is traced too, up to 3): the plan's limits and predicted peaks come
    from traces, never from the interpolation.
 
+Before anything checkpointed is traced, :func:`recompute_bound` may show that no
+checkpointing can beat none: with unlimited memory (every bucket at the batch cap) and the
+step of none plus the first layer's recompute (its forward kernels up to its last save, marked
+in the traces of none: :mod:`asrfit.memory.steptime.layer_span`), the least that any k adds,
+every layer checkpointed included. Then neither every layer nor any k is traced.
+
 Before tracing k = 1, a bound may show that no k can beat none (:func:`no_k_can_win`):
 every k is planned at most as well as a setup with the memory of every layer checkpointed
 (the least any k keeps) and the step time of none plus half of one average layer's
@@ -37,6 +43,7 @@ from asrfit.errors import ConfigError
 from asrfit.memory.cache import cached_model_fact
 from asrfit.memory.fit.costmodel import PeakModel, lerp_models
 from asrfit.memory.setup import Setup
+from asrfit.memory.steptime.roofline import StepCost
 from asrfit.plan.setup_costs import SetupCosts
 from asrfit.plan.speed import set_step_time_fit, step_time_fit
 
@@ -136,6 +143,48 @@ def no_k_can_win(
     return result is None or result[1] <= off[1][1]
 
 
+_NO_MEMORY = PeakModel(0.0, 0.0, 0.0, 0.0)
+
+
+def recompute_bound(off: tuple[SetupCosts, Any], evaluate: Evaluate, rates: Any) -> bool:
+    """Whether no checkpointing (any k of the layers, or every layer) can plan faster than
+    none, by a bound traced with none alone (module doc).
+
+    The bound plans ``off``'s costs with no memory at all and, at each of its traced shapes,
+    the first encoder layer's recompute added to the kernels of forward and backward: every
+    bucket at the batch cap, every step longer by at least what checkpointing one layer runs
+    again. Any checkpointed setup plans at most that fast. False (no bound) where ``off``
+    does not fit, the step-time model has no device rates, or a traced shape lacks the
+    first layer's kernels.
+    """
+    costs, result = off
+    points = costs.first_layer_points
+    if result is None or rates is None or len(points) != len(costs.time_points) or not points:
+        return False
+    bound = replace(
+        costs,
+        setup=replace(costs.setup, checkpoint_layers=1),
+        memory=_NO_MEMORY,
+        optimizer_peak_bytes=0,
+        model_state_bytes=0,
+        sharded_state_bytes=0,
+        offloaded_bytes=0,
+        time_points=[
+            (b, t, u, StepCost(cost.rows + layer.rows))
+            for (b, t, u, cost), (*_, layer) in zip(costs.time_points, points, strict=True)
+        ],
+        first_layer_points=[],
+    )
+    found = evaluate(bound)[1]
+    logger.info(
+        "recompute bound for %s: checkpointing plans at most %s audio s/s, none %.1f",
+        costs.setup.describe(),
+        "-" if found is None else f"{found[1]:.1f}",
+        result[1],
+    )
+    return found is not None and found[1] <= result[1]
+
+
 @dataclass
 class PartialChoice:
     """The chosen k for one base setup, traced, with what the others were predicted to give.
@@ -193,8 +242,9 @@ def choose_layers(
         layers: L, the encoder layers.
         rates: The device's rates for the step-time model (None: FLOPs at an assumed MFU).
         batch_cap: The largest batch the target allows (None: no cap).
-        bound: Return None without tracing k = 1 where :func:`no_k_can_win` (the exhaustive
-            search does not).
+        bound: Return None without tracing anything checkpointed where
+            :func:`recompute_bound`, or without tracing k = 1 where :func:`no_k_can_win` (the
+            exhaustive search does not).
     """
     if layers < 1 or base.gradient_checkpointing or base.checkpoint_layers:
         return None
@@ -204,6 +254,9 @@ def choose_layers(
         and all(b.batch_size >= batch_cap for b in off[1][0])
     ):
         return None  # memory does not limit any batch: recompute could only slow the step
+    if bound and recompute_bound(off, evaluate, rates):
+        logger.info("no checkpointing can beat none for %s: not traced", base.describe())
+        return None
     # every layer checkpointed, as the model's own gradient checkpointing does it (the
     # planner traces that setup anyway): the floor of memory and the far end of step time
     full = evaluate(replace(base, gradient_checkpointing=True))

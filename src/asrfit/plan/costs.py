@@ -127,6 +127,7 @@ class CostEstimator:
         self._fits: dict[tuple, tuple[PeakModel, PeakModel]] = {}
         self._optimizer: dict[tuple, StepMemory] = {}
         self._time_points: dict[tuple, list[tuple[int, int, int, StepCost]]] = {}
+        self._first_layers: dict[tuple, StepCost] = {}  # (fit key, B, T, U) -> its kernels
         self._last_tapes: list[tuple[Any, Tape]] = []  # the latest trace's (for a worker)
         self._replayed_rows = False  # whether it replayed every reduced trace of a scaled step
 
@@ -255,15 +256,7 @@ class CostEstimator:
         budget_bytes: int | None,
         batch_cap: int | None = None,
     ) -> tuple[PeakModel, PeakModel]:
-        key = (
-            setup.precision,
-            setup.gradient_checkpointing,
-            setup.checkpoint_layers,
-            setup.freeze_feature_encoder,
-            max_input_length,
-            budget_bytes,
-            batch_cap,
-        )
+        key = _fit_key(setup, max_input_length, budget_bytes, batch_cap)
         if key not in self._fits:
             base = _activation_base(setup)
             points: list[tuple[int, int, int, int]] = []
@@ -285,6 +278,7 @@ class CostEstimator:
                     self._time_points.setdefault(key, []).append(
                         (b, t, u, step.cost.select(("forward", "backward")))
                     )
+                    self._first_layers[(key, b, t, u)] = step.first_layer_cost
 
             trace([shape(b, t) for b, t in coarse_shapes(max_input_length)])
             memory = fit_peak_model(points)
@@ -461,6 +455,11 @@ class CostEstimator:
         optimizer_peak = opt.phase_peaks_bytes.get("optimizer", 0)
         if opt.peak_phase == "optimizer":  # the peak whose segments the trace counted
             optimizer_peak += self._overhead(opt)
+        key = _fit_key(setup, max_input_length, budget_bytes, batch_cap)
+        time_points = self._time_points.get(key, [])
+        layers = [self._first_layers.get((key, *p[:3])) for p in time_points]
+        known = all(layer is not None and layer.rows for layer in layers)  # else: no bound
+        first_layer_points = [(*p[:3], layers[i]) for i, p in enumerate(time_points) if known]
         return SetupCosts(
             setup=setup,
             memory=steady,
@@ -471,20 +470,15 @@ class CostEstimator:
             flops=flops,
             architecture=architecture,
             expandable_segments=self.expandable_segments,
-            time_points=self._time_points.get(
-                (
-                    setup.precision,
-                    setup.gradient_checkpointing,
-                    setup.checkpoint_layers,
-                    setup.freeze_feature_encoder,
-                    max_input_length,
-                    budget_bytes,
-                    batch_cap,
-                ),
-                [],
-            ),
+            time_points=time_points,
             optimizer_cost=opt.cost.select(("optimizer", "zero_grad")),
+            first_layer_points=first_layer_points,
         )
+
+
+def _fit_key(setup: Setup, max_input_length: int, budget: int | None, cap: int | None) -> tuple:
+    """What an activation fit (and its time points) depends on."""
+    return (_activation_base(setup), max_input_length, budget, cap)
 
 
 def _activation_base(setup: Setup) -> Setup:

@@ -21,6 +21,11 @@ checkpointed setup could take, its twin takes with the same batches and shorter 
 twins whose coarse plan is at the cap everywhere are refined early (the coarse fit is the
 optimistic one), so the search is otherwise unchanged.
 
+Nor is it traced where its twins' recompute bound holds
+(:func:`asrfit.plan.checkpointing.recompute_bound`: even with no memory at all, every bucket
+at the cap, a step longer by the first layer's recompute plans no faster than the twin):
+first on the twins' coarse fits, then, only where it holds there, on their refined ones.
+
 The refined setups are planned exactly as the exhaustive search plans them (the same
 traces, the same fits), so the winner's buckets are the exhaustive search's whenever the
 winner is refined; ``python -m bench plan_speed`` (each case against its exhaustive plan)
@@ -61,6 +66,7 @@ def refined(
     exhaustive: bool = False,
     on_skip: Callable[[bool], None] | None = None,
     at_cap: Callable[[Any], bool] | None = None,
+    cannot_win: Callable[[tuple[Any, Any]], bool] | None = None,
 ) -> list[tuple[Setup, Any, Any]]:
     """``(setup, costs, result)`` on refined fits for the setups in contention, in search order.
 
@@ -73,6 +79,9 @@ def refined(
             was left untraced altogether.
         at_cap: Whether a result holds the batch cap in every bucket (None: no cap); a
             checkpointing group whose twins all do is left out (module doc).
+        cannot_win: Whether no checkpointing of a twin, given its ``(costs, result)``, can
+            plan faster than it (None: not asked); a checkpointing group whose twins all
+            pass it is left out (module doc).
     """
     groups: dict[tuple, list[Setup]] = {}
     for setup in setups:
@@ -93,12 +102,26 @@ def refined(
             r is not None and at_cap(r) for r in (evaluate(t, False)[1] for t in twins)
         ) and all((r := refine(t)) is not None and at_cap(r) for t in twins)
 
+    def recompute_dominated(members: list[Setup]) -> bool:
+        # each member's twin fits, and no checkpointing beats it, coarsely and then refined
+        if cannot_win is None or not all(twin(s) in setups for s in members):
+            return False
+        twins = [twin(s) for s in members]
+        coarse = [evaluate(t, False) for t in twins]
+        if not all(c[1] is not None and cannot_win(c) for c in coarse):
+            return False
+        return all(refine(t) is not None and cannot_win(done[t]) for t in twins)
+
     bound: dict[tuple, float | None] = dict.fromkeys(groups)
     left_out: set[tuple] = set()
     if not exhaustive:
         for key, members in sorted(groups.items(), key=lambda kv: kv[0][1]):  # twins first
             if key[1] and dominated(members):
                 logger.info("not traced: %s (its twins hold the batch cap everywhere)", key)
+                left_out.add(key)
+                continue
+            if key[1] and recompute_dominated(members):
+                logger.info("not traced: %s (its recompute outweighs what it could gain)", key)
                 left_out.add(key)
                 continue
             coarse = [evaluate(s, False)[1] for s in members]

@@ -40,7 +40,12 @@ from asrfit.memory.cache import model_key
 from asrfit.memory.setup import OptimizerKind, Precision, Setup
 from asrfit.plan.assemble import Candidate, Choice, assemble_plan
 from asrfit.plan.bucketing import plan_buckets
-from asrfit.plan.checkpointing import MAX_LAYER_EVALUATIONS, choose_layers, encoder_layers_of
+from asrfit.plan.checkpointing import (
+    MAX_LAYER_EVALUATIONS,
+    choose_layers,
+    encoder_layers_of,
+    recompute_bound,
+)
 from asrfit.plan.costs import COARSE_TRACES, MAX_REFINE_TRACES, CostEstimator
 from asrfit.plan.inputs import PlanInputs, check_request, plan_inputs
 from asrfit.plan.label_buckets import LABEL_TRACES, SHORTLIST, choose_across
@@ -182,6 +187,11 @@ def search_setups(
 
     cap = x.batch_cap if not exhaustive else None
     at_cap = None if cap is None else lambda r: all(b.batch_size >= cap for b in r[0])
+    rates = device_rates(hardware)
+
+    def cannot_win(off: tuple[SetupCosts, Any]) -> bool:
+        return recompute_bound(off, evaluate, rates)
+
     for offload in (False, True):
         setups = candidate_setups(hardware, precision, x.world, freeze_feature_encoder, offload)
         # at most: the refined groups, one state trace per optimizer, and what choosing how many
@@ -204,7 +214,9 @@ def search_setups(
         estimator.prefetch_screening(
             screened, x.max_input, x.labels_per_second / x.frames_per_second
         )
-        for setup, costs, result in refined(setups, evaluate, exhaustive, skip, at_cap):
+        for setup, costs, result in refined(
+            setups, evaluate, exhaustive, skip, at_cap, None if exhaustive else cannot_win
+        ):
             found.all_costs.append(costs)
             if not setup.gradient_checkpointing:
                 without.append((setup, costs, result))

@@ -26,6 +26,7 @@ the adapter has a config, and checks the build against the full model's layout
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -410,6 +411,8 @@ def _extrapolate(
     if len(transient) != 1:
         raise Nonlinear("the largest workspace")
     layers = ", ".join(f"{k} x{n}" for k, n in zip(keys, real, strict=True))
+    # the first encoder layer is itself at every depth: its kernels, where the traces agree
+    first_layers = {json.dumps(r.first_layer_cost.rows) for r in runs}
     return StepMemory(
         model=last.model,
         setup=last.setup,
@@ -431,6 +434,7 @@ def _extrapolate(
         + [f"depth: kernel rows {', '.join(unscaled)} not scaled (time model)"] * bool(unscaled),
         trace_seconds=sum(r.trace_seconds for r in runs),
         cost=StepCost(cost_rows),
+        first_layer_cost=runs[0].first_layer_cost if len(first_layers) == 1 else StepCost(),
     )
 
 
