@@ -121,17 +121,20 @@ def test_a_bound_leaves_k_untraced_only_where_no_traced_k_beats_none(
 def test_the_recompute_bound_holds_only_where_no_traced_checkpointing_beats_none(
     cap: int, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Reference: every k and every layer checkpointed, traced and planned. The bound
-    (unlimited memory, the step of none plus the first layer's recompute marked in its traces)
-    may hold only where none of them plans faster than none; where it holds, choose_layers
-    traces nothing. At a cap of 512 memory limits every bucket and some k is faster."""
+    """Reference: every k and every layer checkpointed, traced and planned. The bound (for k
+    layers none's step plus k recomputes and its peak less what they leave live, all marked in
+    the traces of none) may hold only where none of them plans faster than none; where it
+    holds, choose_layers traces nothing. At a cap of 512 memory limits every bucket and some k
+    is faster."""
     monkeypatch.setenv("ASRFIT_CACHE_DIR", str(tmp_path))  # count every trace
     _, hardware, estimator, evaluate = _evaluator(cap)
     base = Setup(precision="bf16", optimizer="adamw")
     off, rates = evaluate(base), device_rates(hardware)
-    assert len(off[0].first_layer_points) == len(off[0].time_points) > 0
+    marks = off[0].layer_points
+    assert len(marks) == len(off[0].time_points) > 0
+    assert all(len(costs) == len(left) == LAYERS for *_, costs, left in marks)
     before = estimator.simulations
-    holds = recompute_bound(off, evaluate, rates)
+    holds = recompute_bound(off, evaluate, rates, LAYERS)
     choice = choose_layers(base, off, evaluate, LAYERS, rates, batch_cap=cap)
     traced_here = estimator.simulations - before
     every = evaluate(replace(base, gradient_checkpointing=True))[1][1]

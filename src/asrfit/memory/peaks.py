@@ -132,9 +132,14 @@ def step_memory(
     traced_calls: int,
     state_bytes: int,
     assumptions: list[str],
-    first_layer_cost: Any = None,
+    layer_costs: list | None = None,
+    layer_events: list[tuple[int, int]] | None = None,
 ) -> StepMemory:
-    """A traced (or replayed) log's peaks and breakdown, as a :class:`StepMemory`."""
+    """A traced (or replayed) log's peaks and breakdown, as a :class:`StepMemory`
+    (``layer_costs`` and ``layer_events``: each encoder layer's recompute and the events of its
+    forward pass, :mod:`asrfit.memory.steptime.layer_span`)."""
+    from asrfit.memory.steptime.layer_span import left_live_bytes
+
     peak, peak_raw, breakdown, step_peaks, phase, transient, segments, phase_peaks = analyse(
         log, steps, detail
     )
@@ -171,5 +176,8 @@ def step_memory(
         trace_seconds=seconds,
         cost=cost,
         traced_calls=traced_calls,
-        **({} if first_layer_cost is None else {"first_layer_cost": first_layer_cost}),
+        layer_costs=list(layer_costs or []),
+        layer_left_bytes=[
+            left_live_bytes(log, first, end, round_block) for first, end in layer_events or []
+        ],
     )

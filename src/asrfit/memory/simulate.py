@@ -31,7 +31,7 @@ from asrfit.memory.step import (  # noqa: F401  (StepMemory re-exported)
     StepAdapter,
     StepMemory,
 )
-from asrfit.memory.steptime.layer_span import FirstLayerSpan
+from asrfit.memory.steptime.layer_span import LayerSpans
 from asrfit.memory.steptime.runtime import OpCounter
 from asrfit.memory.tape import Tape
 from asrfit.memory.trace.engine import plain_accumulation, plain_composites
@@ -213,8 +213,8 @@ def simulate_step(
         if lattice is not None:
             counter.weight = lattice.weight
         checkpointing = setup.gradient_checkpointing or bool(setup.checkpoint_layers)
-        span = FirstLayerSpan(model, counter, tracker, steps, enabled=not checkpointing)
-        with tracker, counter, plain_composites(tracker), span:
+        spans = LayerSpans(model, counter, tracker, steps, enabled=not checkpointing)
+        with tracker, counter, plain_composites(tracker), spans:
             tracker.register(list(model.parameters()), "parameters")
             tracker.register(list(model.buffers()), "buffers")
             for step in range(1, steps + 1):
@@ -267,7 +267,7 @@ def simulate_step(
             batch,
             steps,
             counter.operands,
-            span.calls,
+            spans.spans(),
             shadows=shadows,
             **figures,
         )
@@ -282,7 +282,8 @@ def simulate_step(
         detail,
         cost=counter.cost(steps),
         seconds=time.perf_counter() - started,
-        first_layer_cost=span.cost(),
+        layer_costs=spans.costs(),
+        layer_events=spans.events(),
         **figures,
     )
 

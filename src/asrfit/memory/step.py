@@ -148,10 +148,13 @@ class StepMemory(JsonDataclass):
             step, zero_grad), for the step-time model (:mod:`asrfit.memory.steptime.roofline`).
         traced_calls: Kernel calls the trace of the last step made; fewer than ``cost``
             counts where one traced call stands for many (:mod:`asrfit.memory.trace.lattice`).
-        first_layer_cost: The kernels and module calls of the first encoder layer's forward
-            pass in the last step (empty where the model has no encoder layer stack, or the
-            step was not traced whole): what checkpointing that layer runs again in backward
-            (:func:`asrfit.plan.checkpointing.recompute_bound`).
+        layer_costs: Per encoder layer, in order, the kernels and module calls of its forward
+            pass in the last step up to its last saved tensor: what checkpointing it runs
+            again in backward (:mod:`asrfit.memory.steptime.layer_span`). Empty where the
+            model has no encoder layer stack or the step checkpoints; only the first where the
+            step was scaled from reduced depths.
+        layer_left_bytes: Per encoder layer, the rounded bytes its forward pass leaves live
+            (the most checkpointing it can free); beside ``layer_costs`` or empty.
     """
 
     model: str
@@ -173,7 +176,8 @@ class StepMemory(JsonDataclass):
     trace_seconds: float = 0.0
     cost: StepCost = field(default_factory=StepCost)
     traced_calls: int = 0
-    first_layer_cost: StepCost = field(default_factory=StepCost)
+    layer_costs: list[StepCost] = field(default_factory=list)
+    layer_left_bytes: list[int] = field(default_factory=list)
 
     @property
     def forward_backward_peak_bytes(self) -> int:

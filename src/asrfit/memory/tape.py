@@ -83,9 +83,10 @@ class Tape:
             ``calls``, negated where the operand's size counts values (its storage made by an
             op such as boolean-mask indexing): what a replay at other lengths scales
             (:mod:`asrfit.memory.tape_lengths`).
-        first_layer: ``calls[i:j]``, the first encoder layer's forward pass, or None
-            (:attr:`~asrfit.memory.step.StepMemory.first_layer_cost`); a replay keeps the
-            calls in order, so the span holds at every batch and length.
+        layers: Per encoder layer, ``(i, j, e, f)``: its forward pass's calls up to its last
+            save, ``calls[i:j]``, and its events, ``log.events[e:f]``
+            (:mod:`asrfit.memory.steptime.layer_span`); empty where not marked. A replay keeps
+            calls and events in order, so the marks hold at every batch and length.
 
     The blocks' ops and dtypes are kept as their names, so that a tape is plain data
     (:meth:`to_dict`).
@@ -102,7 +103,7 @@ class Tape:
     shadows: list[Shadow]
     counts_values: frozenset[int] = frozenset()
     operands: list[tuple[int, ...]] = field(default_factory=list)
-    first_layer: tuple[int, int] | None = None
+    layers: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -112,12 +113,12 @@ class Tape:
         batch: BatchShape,
         steps: int,
         operands: list[tuple[int, ...]] | None = None,
-        first_layer: tuple[int, int] | None = None,
+        layers: list[tuple[int, int, int, int]] | None = None,
         **figures: Any,
     ):
         """The tape of a tracker's ``log`` and its counter's ``calls`` and their ``operands``
-        (``figures``: the remaining attributes, ``shadows`` among them); ``first_layer``
-        indexes ``calls``."""
+        (``figures``: the remaining attributes, ``shadows`` among them); ``layers``
+        index ``calls`` and the log's events."""
         from asrfit.memory.trace.tracker import TraceLog
 
         index = {key: i for i, key in enumerate(log.blocks)}
@@ -140,9 +141,8 @@ class Tape:
         last = [i for i, c in enumerate(calls) if c[0] == steps]
         parts = [operands[i] for i in last] if operands and len(operands) == len(calls) else []
         log = TraceLog(blocks, events, merged)
-        span = None
-        if first_layer is not None and last:  # indexes of the last step's calls
-            span = (first_layer[0] - last[0], first_layer[1] - last[0])
+        start = last[0] if last else 0  # calls of the last step only; events of every step
+        marks = [(i - start, j - start, e, f) for i, j, e, f in layers or []]
         return cls(
             batch,
             steps,
@@ -150,7 +150,7 @@ class Tape:
             [calls[i] for i in last],
             counts_values=counts_values,
             operands=parts,
-            first_layer=span,
+            layers=marks,
             **figures,
         )
 
@@ -175,7 +175,7 @@ class Tape:
             ],
             "counts_values": sorted(self.counts_values),
             "operands": [list(parts) for parts in self.operands],
-            "first_layer": None if self.first_layer is None else list(self.first_layer),
+            "layers": [list(mark) for mark in self.layers],
         }
 
     @classmethod
@@ -212,7 +212,7 @@ class Tape:
             shadows,
             frozenset(data["counts_values"]),
             [tuple(parts) for parts in data.get("operands", [])],
-            None if data.get("first_layer") is None else tuple(data["first_layer"]),
+            [tuple(mark) for mark in data.get("layers", [])],
         )
 
     def cost(self, span: tuple[int, int] | None = None) -> StepCost:
@@ -225,9 +225,9 @@ class Tape:
             counts[key] += weight
         return cost_of(counts)
 
-    def first_layer_cost(self) -> StepCost:
-        """The first encoder layer's forward kernels (empty where not marked)."""
-        return StepCost() if self.first_layer is None else self.cost(self.first_layer)
+    def layer_costs(self) -> list[StepCost]:
+        """Each encoder layer's recomputed kernels (empty where not marked)."""
+        return [self.cost((i, j)) for i, j, _, _ in self.layers]
 
 
 def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
@@ -261,7 +261,7 @@ def _unlike(first: Tape, second: Tape) -> str | None:
         second.batch.label_length,
     ):
         return "the tapes are of other lengths"
-    for name in ("steps", "traced_calls", "state_bytes", "assumptions", "first_layer"):
+    for name in ("steps", "traced_calls", "state_bytes", "assumptions", "layers"):
         if getattr(first, name) != getattr(second, name):
             return f"the tapes' {name} differ"
     if len(first.log.blocks) != len(second.log.blocks):
@@ -452,5 +452,6 @@ def replayed_step(
         traced_calls=tape.traced_calls,
         state_bytes=tape.state_bytes,
         assumptions=list(tape.assumptions),
-        first_layer_cost=tape.first_layer_cost(),
+        layer_costs=tape.layer_costs(),
+        layer_events=[(e, f) for _, _, e, f in tape.layers],
     )

@@ -76,7 +76,7 @@ def _scaled(x: int, y: int, z: int, ab: tuple[int, int], cn: tuple[int, int]) ->
 
 def _structure(pair: Tape, other: Tape) -> str | None:
     """What, other than sizes and lengths, differs between the pair and ``other``."""
-    for name in ("steps", "traced_calls", "state_bytes", "first_layer"):
+    for name in ("steps", "traced_calls", "state_bytes", "layers"):
         if getattr(pair, name) != getattr(other, name):
             return f"the tapes' {name} differ"
     if [_DIGITS.sub("#", a) for a in pair.assumptions] != [

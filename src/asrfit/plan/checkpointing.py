@@ -18,10 +18,12 @@ first k of L encoder layers). For one base setup (no checkpointing), the planner
    from traces, never from the interpolation.
 
 Before anything checkpointed is traced, :func:`recompute_bound` may show that no
-checkpointing can beat none: with unlimited memory (every bucket at the batch cap) and the
-step of none plus the first layer's recompute (its forward kernels up to its last save, marked
-in the traces of none: :mod:`asrfit.memory.steptime.layer_span`), the least that any k adds,
-every layer checkpointed included. Then neither every layer nor any k is traced.
+checkpointing can beat none, from the traces of none alone, where each encoder layer's
+forward pass is marked (:mod:`asrfit.memory.steptime.layer_span`): its kernels up to its last
+saved tensor (what checkpointing it runs again) and the bytes it leaves live (the most
+checkpointing it frees). k layers: none's step plus the first k recomputes, none's peak less
+what those k leave live; every layer: every recompute, no memory at all. Then neither every
+layer nor any k is traced.
 
 Before tracing k = 1, a bound may show that no k can beat none (:func:`no_k_can_win`):
 every k is planned at most as well as a setup with the memory of every layer checkpointed
@@ -41,7 +43,7 @@ from typing import Any
 
 from asrfit.errors import ConfigError
 from asrfit.memory.cache import cached_model_fact
-from asrfit.memory.fit.costmodel import PeakModel, lerp_models
+from asrfit.memory.fit.costmodel import PeakModel, fit_peak_model, lerp_models
 from asrfit.memory.setup import Setup
 from asrfit.memory.steptime.roofline import StepCost
 from asrfit.plan.setup_costs import SetupCosts
@@ -144,45 +146,102 @@ def no_k_can_win(
 
 
 _NO_MEMORY = PeakModel(0.0, 0.0, 0.0, 0.0)
+_COEFFICIENTS = (
+    "c0_bytes",
+    "a_bytes_per_step",
+    "b_bytes_per_step2",
+    "c_bytes_per_label",
+    "d_bytes_per_utterance",
+    "e_bytes_per_step_label",
+)
 
 
-def recompute_bound(off: tuple[SetupCosts, Any], evaluate: Evaluate, rates: Any) -> bool:
-    """Whether no checkpointing (any k of the layers, or every layer) can plan faster than
-    none, by a bound traced with none alone (module doc).
+def recompute_bound(
+    off: tuple[SetupCosts, Any], evaluate: Evaluate, rates: Any, layers: int
+) -> bool:
+    """Whether no checkpointing (any k of the ``layers``, or every layer) can plan faster than
+    none, by bounds from the traces of none alone (module doc).
 
-    The bound plans ``off``'s costs with no memory at all and, at each of its traced shapes,
-    the first encoder layer's recompute added to the kernels of forward and backward: every
-    bucket at the batch cap, every step longer by at least what checkpointing one layer runs
-    again. Any checkpointed setup plans at most that fast. False (no bound) where ``off``
-    does not fit, the step-time model has no device rates, or a traced shape lacks the
-    first layer's kernels.
+    Each encoder layer's recompute and the bytes its forward pass leaves live are marked in
+    those traces (:mod:`asrfit.memory.steptime.layer_span`). Checkpointing the first k layers
+    is planned at most as well as none with the first k recomputes added to each traced step
+    and its peak lowered by what those k layers leave live (a fit never under that figure at
+    the traced shapes); every layer checkpointed (which may checkpoint other stacks too) as
+    none with every layer's recompute and no memory at all. Where only the first layer is
+    marked (a step scaled from reduced depths) or the allocator's classic segments round the
+    fitted peaks, every checkpointing is planned with the first layer's recompute and no
+    memory at all. False (no bound) where ``off`` does not fit, the step-time model has no
+    device rates, or a traced shape lacks the marks.
     """
     costs, result = off
-    points = costs.first_layer_points
-    if result is None or rates is None or len(points) != len(costs.time_points) or not points:
+    if result is None or rates is None or not costs.time_points:
         return False
-    bound = replace(
-        costs,
-        setup=replace(costs.setup, checkpoint_layers=1),
-        memory=_NO_MEMORY,
-        optimizer_peak_bytes=0,
-        model_state_bytes=0,
-        sharded_state_bytes=0,
-        offloaded_bytes=0,
-        time_points=[
-            (b, t, u, StepCost(cost.rows + layer.rows))
-            for (b, t, u, cost), (*_, layer) in zip(costs.time_points, points, strict=True)
-        ],
-        first_layer_points=[],
+    marks = {(b, t, u): (c, left) for b, t, u, c, left in costs.layer_points}
+    shapes = [(b, t, u) for b, t, u, _ in costs.time_points]
+    if layers < 1 or any(not marks.get(s, ([], []))[0] for s in shapes):
+        return False
+    every = all(len(marks[s][0]) == layers for s in shapes)
+    memory_points = [tuple(p[:3]) for p in costs.memory.points]
+    per_k = (
+        every
+        and costs.expandable_segments
+        and bool(memory_points)
+        and all(len(marks.get(s, ([], []))[1]) == layers for s in memory_points)
     )
-    found = evaluate(bound)[1]
-    logger.info(
-        "recompute bound for %s: checkpointing plans at most %s audio s/s, none %.1f",
-        costs.setup.describe(),
-        "-" if found is None else f"{found[1]:.1f}",
-        result[1],
-    )
-    return found is not None and found[1] <= result[1]
+
+    def planned(memory: Any, k: int, no_states: bool) -> float:
+        bound = replace(
+            costs,
+            setup=replace(costs.setup, checkpoint_layers=k),
+            memory=memory,
+            time_points=[
+                (
+                    b,
+                    t,
+                    u,
+                    StepCost(cost.rows + [r for c in marks[(b, t, u)][0][:k] for r in c.rows]),
+                )
+                for b, t, u, cost in costs.time_points
+            ],
+            layer_points=[],
+        )
+        if no_states:
+            bound = replace(
+                bound,
+                optimizer_peak_bytes=0,
+                model_state_bytes=0,
+                sharded_state_bytes=0,
+                offloaded_bytes=0,
+            )
+        found = evaluate(bound)[1]
+        return 0.0 if found is None else float(found[1])
+
+    def freed_by(k: int) -> PeakModel:
+        points = [(b, t, u, sum(marks[(b, t, u)][1][:k])) for b, t, u in memory_points]
+        freed = fit_peak_model(points, never_under=True)
+        return PeakModel(*(getattr(costs.memory, n) - getattr(freed, n) for n in _COEFFICIENTS))
+
+    def holds(low: int, high: int) -> bool:
+        # k in low..high: at most the memory of high layers freed, at least low recomputes;
+        # split where that does not hold, down to single k
+        if planned(freed_by(high), low, False) <= result[1]:
+            return True
+        mid = (low + high) // 2
+        return low < high and holds(low, mid) and holds(mid + 1, high)
+
+    known = costs.__dict__.setdefault("_recompute_bounds", {})  # asked per twin, then per base
+    if layers not in known:
+        if per_k:
+            known[layers] = planned(_NO_MEMORY, layers, True) <= result[1] and holds(1, layers)
+        else:
+            known[layers] = planned(_NO_MEMORY, 1, True) <= result[1]
+        logger.info(
+            "recompute bound for %s (%.1f audio s/s): %s",
+            costs.setup.describe(),
+            result[1],
+            "no checkpointing plans faster" if known[layers] else "checkpointing could",
+        )
+    return known[layers]
 
 
 @dataclass
@@ -254,7 +313,7 @@ def choose_layers(
         and all(b.batch_size >= batch_cap for b in off[1][0])
     ):
         return None  # memory does not limit any batch: recompute could only slow the step
-    if bound and recompute_bound(off, evaluate, rates):
+    if bound and recompute_bound(off, evaluate, rates, layers):
         logger.info("no checkpointing can beat none for %s: not traced", base.describe())
         return None
     # every layer checkpointed, as the model's own gradient checkpointing does it (the

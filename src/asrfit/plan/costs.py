@@ -127,7 +127,7 @@ class CostEstimator:
         self._fits: dict[tuple, tuple[PeakModel, PeakModel]] = {}
         self._optimizer: dict[tuple, StepMemory] = {}
         self._time_points: dict[tuple, list[tuple[int, int, int, StepCost]]] = {}
-        self._first_layers: dict[tuple, StepCost] = {}  # (fit key, B, T, U) -> its kernels
+        self._layers: dict[tuple, tuple] = {}  # (fit key, B, T, U) -> the step's layer marks
         self._last_tapes: list[tuple[Any, Tape]] = []  # the latest trace's (for a worker)
         self._replayed_rows = False  # whether it replayed every reduced trace of a scaled step
 
@@ -278,7 +278,7 @@ class CostEstimator:
                     self._time_points.setdefault(key, []).append(
                         (b, t, u, step.cost.select(("forward", "backward")))
                     )
-                    self._first_layers[(key, b, t, u)] = step.first_layer_cost
+                    self._layers[(key, b, t, u)] = (step.layer_costs, step.layer_left_bytes)
 
             trace([shape(b, t) for b, t in coarse_shapes(max_input_length)])
             memory = fit_peak_model(points)
@@ -457,9 +457,7 @@ class CostEstimator:
             optimizer_peak += self._overhead(opt)
         key = _fit_key(setup, max_input_length, budget_bytes, batch_cap)
         time_points = self._time_points.get(key, [])
-        layers = [self._first_layers.get((key, *p[:3])) for p in time_points]
-        known = all(layer is not None and layer.rows for layer in layers)  # else: no bound
-        first_layer_points = [(*p[:3], layers[i]) for i, p in enumerate(time_points) if known]
+        marks = [(*p[:3], *self._layers[(key, *p[:3])]) for p in time_points]
         return SetupCosts(
             setup=setup,
             memory=steady,
@@ -472,7 +470,7 @@ class CostEstimator:
             expandable_segments=self.expandable_segments,
             time_points=time_points,
             optimizer_cost=opt.cost.select(("optimizer", "zero_grad")),
-            first_layer_points=first_layer_points,
+            layer_points=marks,
         )
 
 

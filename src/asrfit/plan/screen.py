@@ -22,9 +22,10 @@ twins whose coarse plan is at the cap everywhere are refined early (the coarse f
 optimistic one), so the search is otherwise unchanged.
 
 Nor is it traced where its twins' recompute bound holds
-(:func:`asrfit.plan.checkpointing.recompute_bound`: even with no memory at all, every bucket
-at the cap, a step longer by the first layer's recompute plans no faster than the twin):
-first on the twins' coarse fits, then, only where it holds there, on their refined ones.
+(:func:`asrfit.plan.checkpointing.recompute_bound`: no k of the encoder layers, nor every
+layer, plans faster than the twin with the recompute they add and the memory they free at
+most, both marked in the twin's own traces): first on the twins' coarse fits, then, only
+where it holds there, on their refined ones.
 
 The refined setups are planned exactly as the exhaustive search plans them (the same
 traces, the same fits), so the winner's buckets are the exhaustive search's whenever the

@@ -190,7 +190,7 @@ def search_setups(
     rates = device_rates(hardware)
 
     def cannot_win(off: tuple[SetupCosts, Any]) -> bool:
-        return recompute_bound(off, evaluate, rates)
+        return recompute_bound(off, evaluate, rates, layers)
 
     for offload in (False, True):
         setups = candidate_setups(hardware, precision, x.world, freeze_feature_encoder, offload)

@@ -35,9 +35,11 @@ class SetupCosts:
     time_points: list[tuple[int, int, int, StepCost]] = field(default_factory=list)
     optimizer_cost: StepCost | None = None
     offloaded_bytes: int = 0  # model states CPU offload keeps in host memory, per process
-    # the first encoder layer's forward kernels up to its last save at each time point (what
-    # checkpointing it runs again: asrfit.plan.checkpointing.recompute_bound); empty: unknown
-    first_layer_points: list[tuple[int, int, int, StepCost]] = field(default_factory=list)
+    # (B, T, U, each encoder layer's recompute, the bytes each leaves live) of each traced
+    # shape: what checkpointing costs and frees at most (asrfit.plan.checkpointing.recompute_bound)
+    layer_points: list[tuple[int, int, int, list[StepCost], list[int]]] = field(
+        default_factory=list
+    )
 
     def traced_peak(self, batch_size: int, input_length: int, label_length: int) -> float:
         """Predicted traced peak (allocated before workspaces) per device."""

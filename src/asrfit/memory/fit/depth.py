@@ -412,7 +412,8 @@ def _extrapolate(
         raise Nonlinear("the largest workspace")
     layers = ", ".join(f"{k} x{n}" for k, n in zip(keys, real, strict=True))
     # the first encoder layer is itself at every depth: its kernels, where the traces agree
-    first_layers = {json.dumps(r.first_layer_cost.rows) for r in runs}
+    # (the others' marks, and what any layer leaves live, do not scale to the full depth)
+    first_layers = {json.dumps(r.layer_costs[0].rows) if r.layer_costs else "" for r in runs}
     return StepMemory(
         model=last.model,
         setup=last.setup,
@@ -434,7 +435,7 @@ def _extrapolate(
         + [f"depth: kernel rows {', '.join(unscaled)} not scaled (time model)"] * bool(unscaled),
         trace_seconds=sum(r.trace_seconds for r in runs),
         cost=StepCost(cost_rows),
-        first_layer_cost=runs[0].first_layer_cost if len(first_layers) == 1 else StepCost(),
+        layer_costs=runs[0].layer_costs[:1] if len(first_layers) == 1 else [],
     )
 
 
