@@ -89,6 +89,38 @@ def test_chosen_k_is_the_fastest_of_an_exhaustive_traced_search() -> None:
     assert f"first {choice.k} of {LAYERS} encoder layers" in choice.reason()
 
 
+def test_picks_are_traced_only_while_predicted_faster_than_the_fastest_setup_planned() -> None:
+    """A pick is traced to find a k faster than everything else; one predicted no faster than
+    a setup already planned from traces (the rival) cannot become the plan by the predictions.
+    With a rival above every prediction only k = 1 (the predictions' anchor) is traced and
+    it is the choice; the exhaustive search (no bound) ignores the rival and traces its
+    picks as without one."""
+    cap = 512
+    _, hardware, _, evaluate = _evaluator(cap)
+    base = Setup(precision="bf16", optimizer="adamw")
+    off, rates = evaluate(base), device_rates(hardware)
+
+    def choose(**kwargs):
+        seen: list[int] = []
+
+        def recording(setup):
+            if isinstance(setup, Setup) and setup.checkpoint_layers:
+                seen.append(setup.checkpoint_layers)
+            return evaluate(setup)
+
+        choice = choose_layers(base, off, recording, LAYERS, rates, batch_cap=cap, **kwargs)
+        return choice, seen
+
+    free, free_seen = choose()
+    assert free is not None and free.k > 1 and free_seen[0] == 1 and free.k in free_seen
+    beaten, beaten_seen = choose(rival=1e12)
+    assert beaten_seen == [1] and beaten is not None and beaten.k == 1
+    # the rival plans faster than every prediction, so no prediction was worth a trace
+    assert max(beaten.predicted.values()) < 1e12
+    exhaustive, exhaustive_seen = choose(rival=1e12, bound=False)
+    assert exhaustive_seen == free_seen and exhaustive.k == free.k
+
+
 @pytest.mark.parametrize(("cap", "prunes"), [(512, False), (32, True)])
 def test_a_bound_leaves_k_untraced_only_where_no_traced_k_beats_none(
     cap: int, prunes: bool, tmp_path, monkeypatch: pytest.MonkeyPatch

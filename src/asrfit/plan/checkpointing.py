@@ -15,7 +15,9 @@ first k of L encoder layers). For one base setup (no checkpointing), the planner
    and takes the fastest k, smallest on a tie;
 4. traces that k for real (the trace replaces its prediction; while another predicted k is
    now faster, that one is traced too, up to 3): the plan's limits and predicted peaks come
-   from traces, never from the interpolation.
+   from traces, never from the interpolation. A pick predicted no faster than the fastest
+   setup the search has already planned from traces (every layer checkpointed, often) is not
+   traced: by the predictions it cannot become the plan.
 
 Before anything checkpointed is traced, :func:`recompute_bound` may show that no
 checkpointing can beat none, from the traces of none alone, where each encoder layer's
@@ -291,6 +293,7 @@ def choose_layers(
     rates: Any,
     batch_cap: int | None = None,
     bound: bool = True,
+    rival: float = 0.0,
 ) -> PartialChoice | None:
     """The fastest k in 1..L for ``base`` (no checkpointing), traced; None if no k fits.
 
@@ -304,6 +307,9 @@ def choose_layers(
         bound: Return None without tracing anything checkpointed where
             :func:`recompute_bound`, or without tracing k = 1 where :func:`no_k_can_win` (the
             exhaustive search does not).
+        rival: The throughput per process of the fastest setup already planned in full (0:
+            none); with ``bound``, an extra pick predicted no faster is not traced: by the
+            predictions it cannot become the plan.
     """
     if layers < 1 or base.gradient_checkpointing or base.checkpoint_layers:
         return None
@@ -335,10 +341,11 @@ def choose_layers(
         predicted[k] = throughput(evaluate(costs)[1])
     for _ in range(_MAX_EXTRA_TRACES):  # trace the best predictions until a trace is best
         best = max((k for k in predicted if k >= 1), key=lambda k: (predicted[k], -k))
-        if best in traced or predicted[best] <= 0:
+        if best in traced or predicted[best] <= (rival if bound else 0.0):
             break
         traced[best] = evaluate(replace(base, checkpoint_layers=best))
-        predicted[best] = throughput(traced[best][1])  # the trace replaces the prediction
+        guess, predicted[best] = predicted[best], throughput(traced[best][1])
+        logger.info("k = %d traced: %.1f audio s/s, predicted %.1f", best, predicted[best], guess)
     fits = [k for k in traced if k >= 1 and traced[k][1] is not None]
     if not fits:
         return None

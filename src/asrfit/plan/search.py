@@ -254,9 +254,14 @@ def _checkpoint_some_layers(
     base = max(fitting, key=lambda w: w[2][1]) if fitting else without[0]
     before = progress.done if progress is not None else 0
 
+    planned = {costs.setup: costs for costs in found.all_costs}  # refined by the search
+
     def for_layers(setup: Setup | SetupCosts) -> tuple[SetupCosts, Any]:
-        # the all-layers setup only anchors the predictions: its coarse traces (made by the
-        # screening) are enough; every k the choice keeps is traced in full
+        # the all-layers setup only anchors the predictions: its refined fit where the search
+        # made one, else its coarse traces (made by the screening); every k the choice keeps
+        # is traced in full
+        if isinstance(setup, Setup) and setup in planned:
+            return evaluate(planned[setup])
         full = isinstance(setup, Setup) and setup.gradient_checkpointing and not evaluate.exhaustive
         return evaluate(setup, not full)
 
@@ -268,6 +273,7 @@ def _checkpoint_some_layers(
         device_rates(evaluate.hardware),
         x.batch_cap,
         bound=not evaluate.exhaustive,
+        rival=max((c.throughput for c in found.candidates), default=0.0) / x.world,
     )
     if progress is not None:
         progress.skip(per_choice - (progress.done - before))
