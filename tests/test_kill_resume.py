@@ -227,7 +227,7 @@ def _reference(corpus, out, dev: bool):
     # a first run fills the session's simulation cache, so that the reference plans from it as
     # every trial does: with glibc's malloc defaults (the tests'), a run that traced its plan
     # in the training process (a cold cache) ended a few bits apart from one that read it,
-    # with the same plan and RNG states (2026-11-27; not pinned down further)
+    # with the same plan and RNG states (not pinned down further)
     assert _run(_config(corpus, out.with_name(out.name + "-cold"), dev=dev)) == 0
     assert _run(_config(corpus, out, dev=dev)) == 0
     report = json.loads((out / "report.json").read_text())

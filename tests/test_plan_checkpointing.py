@@ -15,13 +15,14 @@ from asrfit.memory.cache import model_key
 from asrfit.memory.models.adapters import hf_adapter
 from asrfit.memory.setup import Setup
 from asrfit.models.conformer import conformer_config
+from asrfit.plan import search
 from asrfit.plan.checkpointing import (
     choose_layers,
     encoder_layers_of,
     no_k_can_win,
     recompute_bound,
 )
-from asrfit.plan.costs import CostEstimator
+from asrfit.plan.costs import COARSE_TRACES, CostEstimator
 from asrfit.plan.explain import explain_plan
 from asrfit.plan.search import plan, plan_buckets
 from asrfit.profiles.dataset import DatasetProfile
@@ -192,11 +193,39 @@ def test_plan_uses_partial_checkpointing_and_says_why(
     # the AdamW of the test above) still leaves no-checkpointing batches small: 3 of 4 layers
     # predicted 5.4 % faster than none at 180 MiB (3,666.0 against 3,477.2 audio s/s), and
     # partial checkpointing chosen at every budget tried from 160 to 300 MiB (expandable
-    # segments' pages as a bound, 2026-11-28; with classic segments fitted, 2026-11-27, none
-    # was faster from 200 MiB)
+    # segments' pages as a bound; with classic segments fitted, none was faster from 200 MiB)
     monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: 180 * MIB))
     p = plan(HardwareProfile.from_name("L4"), dataset, _config(), target_effective_batch=512)
     k = p.setup.checkpoint_layers
     assert 0 < k < LAYERS and f"+ckpt{k} " in p.setup.describe()
     chosen = dict(explain_plan(p))["Chosen"]
     assert f"first {k} of {LAYERS} encoder layers" in chosen and "with none" in chosen
+
+
+def test_the_search_anchors_the_choice_on_its_refined_fits(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the search has refined the every-layer setup before choosing k, the choice's
+    predictions rest on that refined fit (coarse fits are optimistic on memory, and the
+    exhaustive search anchors on the refined fit too), and its rival is the fastest setup
+    the search has planned: the every-layer setup's own throughput at least."""
+    rows = [
+        {"audio_filepath": f"{i}.wav", "duration": d, "text": "ab " * int(4 * d)}
+        for i, d in enumerate(np.linspace(1.0, 8.0, 40))
+    ]
+    dataset = DatasetProfile.from_manifest(write_manifest(tmp_path / "train.jsonl", rows))
+    monkeypatch.setattr(HardwareProfile, "usable_bytes", property(lambda self: 180 * MIB))
+    seen: dict = {}
+
+    def spy(base, off, evaluate, layers, rates, batch_cap=None, bound=True, rival=0.0):
+        seen["full"] = evaluate(replace(base, gradient_checkpointing=True))
+        seen["rival"] = rival
+        return choose_layers(base, off, evaluate, layers, rates, batch_cap, bound, rival)
+
+    monkeypatch.setattr(search, "choose_layers", spy)
+    plan(HardwareProfile.from_name("L4"), dataset, _config(), target_effective_batch=512)
+    costs, result = seen["full"]
+    assert costs.setup.gradient_checkpointing and result is not None
+    # refined: traced beyond the coarse shapes, at the batches near the budget
+    assert len(costs.time_points) > COARSE_TRACES
+    assert seen["rival"] >= result[1] > 0
