@@ -17,7 +17,9 @@ first k of L encoder layers). For one base setup (no checkpointing), the planner
    now faster, that one is traced too, up to 3): the plan's limits and predicted peaks come
    from traces, never from the interpolation. A pick predicted no faster than the fastest
    setup the search has already planned from traces (every layer checkpointed, often) is not
-   traced: by the predictions it cannot become the plan.
+   traced: by its prediction it does not beat that setup (throughputs on duration buckets,
+   as the screening compares them; two-dimensional buckets are weighed afterwards among the
+   fastest).
 
 Before anything checkpointed is traced, :func:`recompute_bound` may show that no
 checkpointing can beat none, from the traces of none alone, where each encoder layer's
@@ -309,7 +311,7 @@ def choose_layers(
             exhaustive search does not).
         rival: The throughput per process of the fastest setup already planned in full (0:
             none); with ``bound``, an extra pick predicted no faster is not traced: by the
-            predictions it cannot become the plan.
+            prediction it does not beat that setup (duration buckets).
     """
     if layers < 1 or base.gradient_checkpointing or base.checkpoint_layers:
         return None
