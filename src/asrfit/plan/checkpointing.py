@@ -47,7 +47,7 @@ from typing import Any
 
 from asrfit.errors import ConfigError
 from asrfit.memory.cache import cached_model_fact
-from asrfit.memory.fit.costmodel import PeakModel, fit_peak_model, lerp_models
+from asrfit.memory.fit.costmodel import PeakModel, fit_peak_model, lerp_models, subtract_models
 from asrfit.memory.setup import Setup
 from asrfit.memory.steptime.roofline import StepCost
 from asrfit.plan.setup_costs import SetupCosts
@@ -150,14 +150,6 @@ def no_k_can_win(
 
 
 _NO_MEMORY = PeakModel(0.0, 0.0, 0.0, 0.0)
-_COEFFICIENTS = (
-    "c0_bytes",
-    "a_bytes_per_step",
-    "b_bytes_per_step2",
-    "c_bytes_per_label",
-    "d_bytes_per_utterance",
-    "e_bytes_per_step_label",
-)
 
 
 def recompute_bound(
@@ -222,8 +214,7 @@ def recompute_bound(
 
     def freed_by(k: int) -> PeakModel:
         points = [(b, t, u, sum(marks[(b, t, u)][1][:k])) for b, t, u in memory_points]
-        freed = fit_peak_model(points, never_under=True)
-        return PeakModel(*(getattr(costs.memory, n) - getattr(freed, n) for n in _COEFFICIENTS))
+        return subtract_models(costs.memory, fit_peak_model(points, never_under=True))
 
     def holds(low: int, high: int) -> bool:
         # k in low..high: at most the memory of high layers freed, at least low recomputes;

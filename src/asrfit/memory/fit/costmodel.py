@@ -145,20 +145,27 @@ def fit_from_simulator(simulator: Simulator, shapes: list[tuple[int, int, int]])
     return fit_peak_model([(b, t, u, int(simulator(b, t, u))) for b, t, u in shapes])
 
 
+#: :class:`PeakModel`'s coefficients (its fields other than the points and the residual).
+COEFFICIENTS = (
+    "c0_bytes",
+    "a_bytes_per_step",
+    "b_bytes_per_step2",
+    "c_bytes_per_label",
+    "d_bytes_per_utterance",
+    "e_bytes_per_step_label",
+)
+
+
 def lerp_models(a: PeakModel, b: PeakModel, weight: float) -> PeakModel:
     """``(1 - weight) x a + weight x b``, coefficient by coefficient (no points kept)."""
-
-    def mix(name: str) -> float:
-        return (1 - weight) * getattr(a, name) + weight * getattr(b, name)
-
     return PeakModel(
-        c0_bytes=mix("c0_bytes"),
-        a_bytes_per_step=mix("a_bytes_per_step"),
-        b_bytes_per_step2=mix("b_bytes_per_step2"),
-        c_bytes_per_label=mix("c_bytes_per_label"),
-        d_bytes_per_utterance=mix("d_bytes_per_utterance"),
-        e_bytes_per_step_label=mix("e_bytes_per_step_label"),
+        **{n: (1 - weight) * getattr(a, n) + weight * getattr(b, n) for n in COEFFICIENTS}
     )
+
+
+def subtract_models(a: PeakModel, b: PeakModel) -> PeakModel:
+    """``a - b``, coefficient by coefficient (no points kept)."""
+    return PeakModel(**{n: getattr(a, n) - getattr(b, n) for n in COEFFICIENTS})
 
 
 def label_slopes(pairs: list[tuple[int, int, int, float, int, float]]) -> tuple[float, float]:
