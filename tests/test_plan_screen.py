@@ -27,6 +27,7 @@ from tests.test_plan import MIB, _tiny_config
 CASES = {  # (usable bytes, planner keyword arguments)
     "memory bound": (1200 * MIB, {"target_hours": 10.0}),
     "batch capped": (1200 * MIB, {"target_effective_batch": 16}),
+    "capped short": (1200 * MIB, {"target_effective_batch": 8}),
     "capped everywhere": (6000 * MIB, {"target_effective_batch": 4}),
 }
 
@@ -104,10 +105,8 @@ def test_limits_checked_by_fresh_full_simulations(
 def test_capped_limits_checked_by_fresh_full_simulations(
     monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
 ) -> None:
-    """With a batch cap, lengths where the first fit has room for twice the cap are not
-    refined (``CAP_MARGIN``; here it saves 2 of 25 simulations): the longest bucket at the cap
-    fits it in a fresh two-step simulation, and the longest bucket fits its memory-bound limit
-    and not one more."""
+    """With a batch cap: the longest bucket at the cap fits it in a fresh two-step simulation,
+    and the longest bucket fits its memory-bound limit and not one more."""
     p, _, usable = _planned(monkeypatch, dataset, "batch capped", False, None)
     adapter = hf_adapter(_tiny_config())
     capped = [b for b in p.buckets if b.batch_size == 16]
@@ -124,6 +123,33 @@ def test_capped_limits_checked_by_fresh_full_simulations(
     assert reserved(capped[-1], 16) <= usable
     assert reserved(last, last.batch_size) <= usable
     assert reserved(last, last.batch_size + 1) > usable
+
+
+def test_the_winner_is_fitted_on_the_exhaustive_searchs_traces_where_the_cap_binds(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile, tmp_path: Path
+) -> None:
+    """Where the target caps the batch at short lengths, the winner's fit is still refined
+    there, on the same traces as the exhaustive search's: those near-budget points shape the
+    fit at the lengths where memory sets the limit, so leaving them out plans other limits
+    (parakeet-tdt-0.6b-v3 on an L4 planned one utterance more than a fresh simulation fits)."""
+    traced: list[tuple[Setup, BatchShape]] = []
+    real = costs_module.CostEstimator._simulate
+
+    def spy(self, batch, setup, what, optimizer_step=True, forward_backward=True):  # noqa: ANN001, ANN202
+        if what == "activations":  # a fit's points (not companions traced for their tapes)
+            traced.append((setup, batch))
+        return real(self, batch, setup, what, optimizer_step, forward_backward)
+
+    monkeypatch.setattr(costs_module.CostEstimator, "_simulate", spy)
+    fast, _, _ = _planned(monkeypatch, dataset, "capped short", False, tmp_path)
+    fast_traced, traced[:] = list(traced), []
+    full, _, _ = _planned(monkeypatch, dataset, "capped short", True, tmp_path)
+    cap = CASES["capped short"][1]["target_effective_batch"]
+    assert fast.buckets[0].batch_size == cap and fast.buckets[-1].batch_size < cap
+    base = costs_module._activation_base(fast.setup)
+    shapes = {b for s, b in fast_traced if s == base}
+    assert shapes == {b for s, b in traced if s == base}
+    assert max(b.batch_size for b in shapes) >= 2 * cap  # refined where twice the cap fits
 
 
 def test_checkpointing_untraced_where_its_twin_holds_the_cap_everywhere(

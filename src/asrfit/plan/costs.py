@@ -72,12 +72,9 @@ def coarse_shapes(max_input_length: int) -> list[tuple[int, int]]:
 
 
 COARSE_TRACES = 4  # shapes of coarse_shapes
-MAX_REFINE_TRACES = 7  # two batches at three lengths, and a check at the batch cap
+MAX_REFINE_TRACES = 6  # two batches at three lengths
 _REFINE_MAX_BATCH = 512
 _NEAR_BUDGET = 0.4  # points above this share of the budget decide the final fit
-# A length whose fit allows this many times the batch cap is not refined: the cap, not memory,
-# sets its limit. The fit is checked first by a trace at the cap (CostEstimator._cap_holds).
-CAP_MARGIN = 2
 
 
 DEPTH_SCALING = True  # trace repeated layers at reduced depth (asrfit.memory.fit.depth)
@@ -254,9 +251,8 @@ class CostEstimator:
         max_input_length: int,
         labels_per_step: float,
         budget_bytes: int | None,
-        batch_cap: int | None = None,
     ) -> tuple[PeakModel, PeakModel]:
-        key = _fit_key(setup, max_input_length, budget_bytes, batch_cap)
+        key = _fit_key(setup, max_input_length, budget_bytes)
         if key not in self._fits:
             base = _activation_base(setup)
             points: list[tuple[int, int, int, int]] = []
@@ -289,29 +285,9 @@ class CostEstimator:
                 batches = {
                     t: self._first_guess(memory, budget_bytes, t, labels_per_step) for t in lengths
                 }
-                capped = [
-                    t
-                    for t in lengths
-                    if batch_cap is not None and batches[t] >= CAP_MARGIN * batch_cap
-                ]
-                if capped and not self._cap_holds(
-                    capped,
-                    batch_cap,
-                    points,
-                    flop_points,
-                    key,
-                    trace,
-                    shape,
-                    budget_bytes,
-                    labels_per_step,
-                ):
-                    capped = []  # refined as the exhaustive search refines them
-                if self.progress is not None:
-                    self.progress.skip(2 * len(capped))  # two refinement traces per length
                 refine = [
                     shape(batch, t)
                     for t in lengths
-                    if t not in capped
                     for batch in sorted({batches[t], batches[t] // 2} - {0, *COARSE_BATCHES})
                 ]
                 trace(refine)
@@ -325,47 +301,6 @@ class CostEstimator:
         """The largest batch the first (coarse) fit allows at length ``t``, up to 512."""
         u = max(1, round(t * labels_per_step))
         return min(memory.max_batch(budget_bytes, t, u), _REFINE_MAX_BATCH)
-
-    def _cap_holds(
-        self,
-        capped: list[int],
-        batch_cap: int,
-        points: list[tuple[int, int, int, int]],
-        flop_points: list[tuple[int, int, int, int]],
-        key: tuple,
-        trace: Any,
-        shape: Any,
-        budget_bytes: int,
-        labels_per_step: float,
-    ) -> bool:
-        """Whether the lengths ``capped`` (where the first fit allows ``CAP_MARGIN`` times the
-        cap) still do once the cap is traced at the longest of them.
-
-        The first fit rests on small batches (``COARSE_BATCHES``), where the peak may sit where few
-        activations are live (the model states at the end of backward, with most layers
-        checkpointed), so its slope in the batch can be far too small. The trace at the cap
-        shows the peak where the plan runs. The lengths stay unrefined when the chord from
-        the smallest traced batch at that length to the cap, continued to ``CAP_MARGIN``
-        times the cap, stays within the budget, and the fit with that trace in it (never
-        under a traced point) still allows the cap at every one of them; the trace then
-        stays in the fit. If not, it is dropped again (points, FLOPs and step-time points)
-        and the lengths are refined as the exhaustive search refines them, so that the two
-        plans agree.
-        """
-        marks = len(points), len(flop_points), len(self._time_points.get(key, []))
-        check = shape(min(batch_cap, _REFINE_MAX_BATCH), max(capped))
-        trace([check])
-        b, t, _, peak = points[-1]
-        low_b, low_peak = min((p[0], p[3]) for p in points[:-1] if p[1] == t)
-        beyond = peak + (peak - low_peak) * (CAP_MARGIN - 1) * b / max(b - low_b, 1)
-        checked = fit_peak_model(points, never_under=True)
-        if beyond <= budget_bytes and all(
-            self._first_guess(checked, budget_bytes, length, labels_per_step) >= batch_cap
-            for length in capped
-        ):
-            return True
-        del points[marks[0] :], flop_points[marks[1] :], self._time_points[key][marks[2] :]
-        return False
 
     def _overhead(self, step: StepMemory) -> int:
         """Classic segments' rounding at a traced peak, fitted; expandable segments' pages step
@@ -433,18 +368,15 @@ class CostEstimator:
         labels_per_step: float,
         architecture: str | None = None,
         budget_bytes: int | None = None,
-        batch_cap: int | None = None,
     ) -> SetupCosts:
         """Fit the costs of ``setup`` for batches up to ``max_input_length``.
 
         With ``budget_bytes`` (usable memory), the fit is refined by traces at the largest
-        batches that fit, where the planner's limits are decided; with ``batch_cap`` (the
-        largest batch the plan takes), not at lengths where the first fit allows
-        ``CAP_MARGIN`` times the cap.
+        batches that fit, where the planner's limits are decided, at every length it refines:
+        also where a batch cap (the target) will set the limit, since those points shape the
+        fit at the other lengths too.
         """
-        memory, flops = self._activation_fit(
-            setup, max_input_length, labels_per_step, budget_bytes, batch_cap
-        )
+        memory, flops = self._activation_fit(setup, max_input_length, labels_per_step, budget_bytes)
         opt = self._optimizer_trace(setup)
         state = opt.optimizer_state_bytes
         steady = replace(memory, c0_bytes=memory.c0_bytes + state)  # the state stays, steady
@@ -455,7 +387,7 @@ class CostEstimator:
         optimizer_peak = opt.phase_peaks_bytes.get("optimizer", 0)
         if opt.peak_phase == "optimizer":  # the peak whose segments the trace counted
             optimizer_peak += self._overhead(opt)
-        key = _fit_key(setup, max_input_length, budget_bytes, batch_cap)
+        key = _fit_key(setup, max_input_length, budget_bytes)
         time_points = self._time_points.get(key, [])
         marks = [(*p[:3], *self._layers[(key, *p[:3])]) for p in time_points]
         return SetupCosts(
@@ -474,9 +406,9 @@ class CostEstimator:
         )
 
 
-def _fit_key(setup: Setup, max_input_length: int, budget: int | None, cap: int | None) -> tuple:
+def _fit_key(setup: Setup, max_input_length: int, budget: int | None) -> tuple:
     """What an activation fit (and its time points) depends on."""
-    return (_activation_base(setup), max_input_length, budget, cap)
+    return (_activation_base(setup), max_input_length, budget)
 
 
 def _activation_base(setup: Setup) -> Setup:

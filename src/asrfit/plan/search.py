@@ -140,7 +140,6 @@ class SetupEvaluator:
 
     def __call__(self, setup: Setup | SetupCosts, refined: bool = True) -> tuple[SetupCosts, Any]:
         x = self.inputs
-        cap = None if self.exhaustive else x.batch_cap  # exhaustive: refine every length
         costs = (
             setup
             if isinstance(setup, SetupCosts)
@@ -150,7 +149,6 @@ class SetupEvaluator:
                 x.labels_per_second / x.frames_per_second,
                 x.architecture,
                 x.usable_bytes if refined else None,
-                cap,
             )
         )
         buckets = plan_buckets(
