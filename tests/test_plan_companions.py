@@ -76,3 +76,22 @@ def test_other_setups_tapes_are_not_counted(refused: None) -> None:
     tapes.keep(other, False, True, SimpleNamespace(batch=at(4, 1)))  # type: ignore[arg-type]
     assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]
     assert tapes.companions([at(32, 1)], other) == [at(2, 1)]
+
+
+def test_a_reduced_models_tape_is_forgotten_once_the_setup_is_traced_whole(refused: None) -> None:
+    """A setup's first trace may be a scaled step (tapes of its reduced models) that teaches
+    the planner to trace it whole from then on (asrfit.memory.fit.depth.whole_cheaper). Its
+    reduced tapes then replay nothing: at their lengths no companion is traced beside them
+    (with one, the next whole trace would still lack a pair), and the whole model's tapes
+    there are counted alone."""
+    tapes = tapes_at((2, 2), (4, 2))
+    row = (("encoder.layers:plain", 2),)
+    tapes.keep(SETUP, False, True, SimpleNamespace(batch=at(2, 1)), row)  # type: ignore[arg-type]
+    assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]  # half a pair, as it looks
+    tapes.forget_rows([(repr(Setup(gradient_checkpointing=True)), True, 9, 5)])
+    assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]  # another setup's lesson
+    tapes.forget_rows([(repr(SETUP), True, 9, 5)])
+    assert tapes.companions([at(32, 1)], SETUP) == []  # no tape left at length 1
+    tapes.keep(SETUP, False, True, SimpleNamespace(batch=at(32, 1)))  # type: ignore[arg-type]
+    assert tapes.batches(at(16, 1), SETUP) == [32]
+    assert tapes.batches(at(16, 2), SETUP) == [2, 4]  # the whole model's tapes stay

@@ -191,6 +191,10 @@ class CostEstimator:
         self._replayed_rows = rows.all_replayed and not tapes
         for tape in tapes:  # a whole model's (a scaled step's rows keep their own)
             self.tapes.keep(setup, optimizer_step, forward_backward, tape)
+        if self.depth_scaling:
+            from asrfit.memory.fit.depth import whole_cheaper
+
+            self.tapes.forget_rows(whole_cheaper(self.adapter))
         return step
 
     @property
@@ -244,6 +248,7 @@ class CostEstimator:
                 learn_whole_cheaper(self.adapter, result[1])
                 for row, tape in result[2]:
                     self.tapes.keep(request[1], request[2], request[3], tape, row)
+        self.tapes.forget_rows(whole_cheaper(self.adapter))
 
     def _activation_fit(
         self,

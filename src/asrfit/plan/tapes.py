@@ -64,6 +64,15 @@ class Tapes:
             key = self._key(tape.batch, setup, optimizer_step, forward_backward)
             self._store(key if row is None else (*key, row), tape)
 
+    def forget_rows(self, traced_whole: list[tuple[str, bool, int, int]]) -> None:
+        """Forget the reduced models' tapes of the setups now traced whole (the entries of
+        :func:`asrfit.memory.fit.depth.whole_cheaper`): no step of theirs replays a reduced
+        trace again, and beside a whole model's tape at the same lengths a reduced one would
+        count as half a pair that replays nothing."""
+        whole = {(setup, bool(forward_backward)) for setup, forward_backward, *_ in traced_whole}
+        for key in [k for k in self._tapes if len(k) > 5 and (k[0], k[4]) in whole]:
+            del self._tapes[key]
+
     def _store(self, key: tuple, tape: Tape) -> None:
         if self.enabled and tape.batch.batch_size >= MIN_BATCH:
             self._tapes.setdefault(key, {})[tape.batch.batch_size] = tape
