@@ -143,7 +143,7 @@ def test_the_winner_is_fitted_on_the_exhaustive_searchs_traces_where_the_cap_bin
     monkeypatch.setattr(costs_module.CostEstimator, "_simulate", spy)
     fast, _, _ = _planned(monkeypatch, dataset, "capped short", False, tmp_path)
     fast_traced, traced[:] = list(traced), []
-    full, _, _ = _planned(monkeypatch, dataset, "capped short", True, tmp_path)
+    _planned(monkeypatch, dataset, "capped short", True, tmp_path)  # its traces only
     cap = CASES["capped short"][1]["target_effective_batch"]
     assert fast.buckets[0].batch_size == cap and fast.buckets[-1].batch_size < cap
     base = costs_module._activation_base(fast.setup)
