@@ -95,34 +95,3 @@ def test_a_reduced_models_tape_is_forgotten_once_the_setup_is_traced_whole(refus
     tapes.keep(SETUP, False, True, SimpleNamespace(batch=at(32, 1)))  # type: ignore[arg-type]
     assert tapes.batches(at(16, 1), SETUP) == [32]
     assert tapes.batches(at(16, 2), SETUP) == [2, 4]  # the whole model's tapes stay
-
-
-def test_a_shape_waits_only_for_a_companion_that_completes_it(refused: None) -> None:
-    tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
-    assert tapes.waits_for_companion(at(32, 1), SETUP)  # one tape at its length
-    assert not tapes.waits_for_companion(at(32, 2), SETUP)  # the pair there replays it
-    assert not tapes.waits_for_companion(at(32, 4), SETUP)  # no tape there: traced
-    assert not tapes.waits_for_companion(at(4, 1), SETUP)  # the companion itself
-    tapes.enabled = False
-    assert not tapes.waits_for_companion(at(32, 1), SETUP)
-
-
-def test_shapes_no_companion_completes_are_traced_beside_the_companions(
-    refused: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A refinement whose lengths need a companion and others that do not: one phase of
-    side-by-side traces for the companion and the shapes it does not complete, then the
-    shapes it does (replayed by then), instead of the companion alone first."""
-    from asrfit.plan.costs import CostEstimator, _activation_base
-
-    base = _activation_base(SETUP)
-    estimator = CostEstimator(SimpleNamespace(name="m"), "m", 1, 1)  # type: ignore[arg-type]
-    for batch, length in ((2, 1), (2, 2), (4, 2), (4, 3)):
-        estimator.tapes.keep(base, False, True, SimpleNamespace(batch=at(batch, length)))  # type: ignore[arg-type]
-    phases: list[list[BatchShape]] = []
-    monkeypatch.setattr(
-        estimator, "prefetch", lambda requests: phases.append([r[0] for r in requests])
-    )
-    monkeypatch.setattr(estimator, "_simulate", lambda *args, **kwargs: None)
-    estimator.prefetch_activations([at(32, 1), at(32, 2), at(32, 4)], SETUP)
-    assert phases == [[at(4, 1), at(32, 2), at(32, 4)], [at(32, 1)]]

@@ -17,7 +17,7 @@ import pytest
 
 from asrfit.errors import ConfigError
 from asrfit.plan import costs as costs_module
-from asrfit.plan.parallel import MAX_TRACE_WORKERS, in_background, map_forked, trace_workers
+from asrfit.plan.parallel import MAX_TRACE_WORKERS, map_forked, trace_workers
 from asrfit.plan.search import plan
 from asrfit.profiles.hardware import HardwareProfile
 from tests.test_plan import MIB, _tiny_config
@@ -91,53 +91,6 @@ def test_a_failure_in_the_parents_share_is_raised_after_the_children_are_reaped(
     assert _no_children_left()
 
 
-@needs_fork
-def test_in_background_runs_its_jobs_in_one_child_while_this_process_goes_on(
-    tmp_path: Path,
-) -> None:
-    """The first job waits for a file this process writes only after ``in_background`` has
-    returned: the jobs run beside this process, not before it goes on."""
-    go = tmp_path / "go"
-
-    def job(i: int) -> list[int]:
-        deadline = time.monotonic() + 30
-        while not go.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return [i, int(go.exists()), os.getpid()]
-
-    aside = in_background([lambda i=i: job(i) for i in range(3)], _save, _load)
-    assert aside is not None
-    go.touch()
-    results = aside.results()
-    assert [r[:2] for r in results] == [[0, 1], [1, 1], [2, 1]]
-    assert len({r[2] for r in results}) == 1 and results[0][2] != os.getpid()
-    assert _no_children_left()
-
-
-@needs_fork
-def test_a_failed_background_job_and_those_after_it_come_back_as_none() -> None:
-    def job(i: int) -> list[int]:
-        if i == 1:
-            raise RuntimeError("traced wrong")
-        return [i]
-
-    aside = in_background([lambda i=i: job(i) for i in range(3)], _save, _load)
-    assert aside is not None
-    assert aside.results() == [[0], None, None]  # the child stops at its first failure
-    assert _no_children_left()
-
-
-@needs_fork
-def test_stopping_the_background_kills_its_child() -> None:
-    aside = in_background([lambda: time.sleep(60)], _save, _load)
-    assert aside is not None
-    started = time.monotonic()
-    aside.stop()
-    assert time.monotonic() - started < 10
-    assert _no_children_left()
-    assert in_background([], _save, _load) is None  # nothing to run
-
-
 def test_one_worker_runs_everything_here() -> None:
     parent = os.getpid()
     assert map_forked([lambda: os.getpid()] * 3, 1, _save, _load) == [parent] * 3
@@ -197,44 +150,3 @@ def test_a_plan_with_trace_workers_is_the_plan_of_one_process(
     assert plans[0] == plans[1]
     assert parallel_count == serial_count > 0  # each simulation counted once, wherever it ran
     assert parallel_entries == serial_entries  # the same simulations, to the byte
-
-
-@needs_fork
-def test_the_optimizer_states_are_traced_in_a_child_beside_the_first_trace(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Screening's first trace runs here (later children share what it imports and learns);
-    the optimizer-state traces, which need none of it, run meanwhile in one child."""
-    from asrfit.memory.cache import model_key
-    from asrfit.memory.models.adapters import hf_adapter
-    from asrfit.memory.setup import OptimizerKind, Setup
-
-    monkeypatch.setenv("ASRFIT_TRACE_WORKERS", "2")
-    monkeypatch.setenv("ASRFIT_CACHE_DIR", "off")
-    log = tmp_path / "traces"
-    real = costs_module.CostEstimator.trace
-
-    def trace(self, batch, setup, optimizer_step, forward_backward):  # noqa: ANN001, ANN202
-        step = real(self, batch, setup, optimizer_step, forward_backward)
-        with log.open("a") as f:  # one short line per write: appends do not interleave
-            f.write(f"{os.getpid()} {int(forward_backward)} {setup.optimizer.value}\n")
-        return step
-
-    monkeypatch.setattr(costs_module.CostEstimator, "trace", trace)
-    adapter = hf_adapter(_tiny_config())
-    estimator = costs_module.CostEstimator(adapter, model_key("background-test"), 1, 1600)
-    setups = [Setup(optimizer=kind) for kind in (OptimizerKind.ADAMW, OptimizerKind.ADAFACTOR)]
-    estimator.prefetch_screening(setups, 8000, 0.002)
-    lines = [line.split() for line in log.read_text().splitlines()]
-    here = [line for line in lines if line[0] == str(os.getpid())]
-    assert here and all(line[1] == "1" for line in here)  # activation traces only, the first too
-    states = [line for line in lines if line[1] == "0"]
-    assert sorted(line[2] for line in states) == ["adafactor", "adamw"]
-    assert len({line[0] for line in states}) == 1 and states[0][0] != str(os.getpid())
-    assert [states[0][0], "1"] not in [line[:2] for line in lines]  # a child of their own
-    assert _no_children_left()
-    # each comes back and is asked for without a trace
-    before = estimator.simulations
-    for setup in setups:
-        estimator._optimizer_trace(setup)
-    assert estimator.simulations == before + 2 and len(lines) == 6  # 4 coarse shapes, 2 states

@@ -22,7 +22,6 @@ peak of a batch is the larger of the two phases. ZeRO and DDP change model state
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +32,7 @@ from asrfit.memory.setup import OptimizerKind, Setup
 from asrfit.memory.step import BatchShape, StepAdapter, StepMemory
 from asrfit.memory.steptime.roofline import StepCost
 from asrfit.memory.tape import Tape
-from asrfit.plan.parallel import Background, in_background, map_forked, trace_workers
+from asrfit.plan.parallel import map_forked, trace_workers
 from asrfit.plan.setup_costs import SetupCosts
 from asrfit.plan.tapes import Tapes, Traced, load_traced, save_traced
 
@@ -226,56 +225,30 @@ class CostEstimator:
         workers = trace_workers() if len(todo) > 1 else 1
         if workers < 2:
             return
-        first: str | None = None
-        states: dict[str, Request] = {}
-        aside: Background[Traced] | None = None
         if not self._traced_here:
             # the first trace imports the tracing code (and the model's, where nothing has
             # built it yet), warms the fake-tensor caches and learns whether its setup is
-            # traced whole (all then keep alike tapes): here, once, for workers to share.
-            # Meanwhile a child traces the optimizer states, which need none of that.
-            first = next(iter(todo))
-            states = {k: r for k, r in todo.items() if not r[3] and k != first}
-            aside = in_background(self._jobs(states.values()), save_traced, load_traced)
-            if aside is not None:
-                todo = {k: r for k, r in todo.items() if k not in states}
-        try:
-            if first is not None:
-                self._ready[first] = self.trace(*todo.pop(first))
-                self._ready_replays[first] = self._replayed_rows
-            traced = map_forked(self._jobs(todo.values()), workers, save_traced, load_traced)
-        except BaseException:
-            if aside is not None:
-                aside.stop()
-            raise
-        self._take(todo, traced)
-        if aside is not None:
-            self._take(states, aside.results())
-        from asrfit.memory.fit.depth import whole_cheaper
-
-        self.tapes.forget_rows(whole_cheaper(self.adapter))
-
-    def _jobs(self, requests: Iterable[Request]) -> list[Callable[[], Traced]]:
-        """A trace worker's job per request: its trace, with what it taught about tracing
-        the setup whole (asrfit.memory.fit.depth) and its tapes."""
-        from asrfit.memory.fit.depth import whole_cheaper
+            # traced whole (all then keep alike tapes): here, once, for workers to share
+            key = next(iter(todo))
+            self._ready[key] = self.trace(*todo.pop(key))
+            self._ready_replays[key] = self._replayed_rows
+        from asrfit.memory.fit.depth import learn_whole_cheaper, whole_cheaper
 
         def job(request: Request) -> Traced:
+            # with what it taught about tracing the setup whole (asrfit.memory.fit.depth)
             step = self.trace(*request)
             return step, whole_cheaper(self.adapter), self._last_tapes, self._replayed_rows
 
-        return [functools.partial(job, request) for request in requests]
-
-    def _take(self, requests: dict[str, Request], results: list[Traced | None]) -> None:
-        """Keep trace workers' results until asked for (None: traced here when asked)."""
-        from asrfit.memory.fit.depth import learn_whole_cheaper
-
-        for (key, request), result in zip(requests.items(), results, strict=True):
+        jobs = [functools.partial(job, request) for request in todo.values()]
+        for (key, request), result in zip(
+            todo.items(), map_forked(jobs, workers, save_traced, load_traced), strict=True
+        ):
             if result is not None:
                 self._ready[key], self._ready_replays[key] = result[0], result[3]
                 learn_whole_cheaper(self.adapter, result[1])
                 for row, tape in result[2]:
                     self.tapes.keep(request[1], request[2], request[3], tape, row)
+        self.tapes.forget_rows(whole_cheaper(self.adapter))
 
     def _activation_fit(
         self,
@@ -363,17 +336,15 @@ class CostEstimator:
         return self._simulate(batch, _activation_base(setup), what, False)
 
     def prefetch_activations(self, shapes: list[BatchShape], setup: Setup) -> None:
-        """:meth:`prefetch` the activation traces of ``setup`` at ``shapes``: those a
-        companion completes (:meth:`Tapes.companions`: traced for its tapes only, to replay
-        them) after it, the others beside it."""
+        """:meth:`prefetch` the activation traces of ``setup`` at ``shapes``, after their
+        companions (:meth:`Tapes.companions`: traced for their tapes only, to replay the
+        shapes they complete)."""
         base = _activation_base(setup)
         companions = self.tapes.companions(shapes, base)
-        waiting = [s for s in shapes if self.tapes.waits_for_companion(s, base)]
-        beside = [s for s in shapes if s not in waiting]
-        self.prefetch([(s, base, False, True) for s in companions + beside])
+        self.prefetch([(s, base, False, True) for s in companions])
         for s in companions:
             self._simulate(s, base, "tape", False)
-        self.prefetch([(s, base, False, True) for s in waiting])
+        self.prefetch([(s, base, False, True) for s in shapes])
 
     def _optimizer_request(self, setup: Setup) -> Request:
         """The optimizer-state trace of ``setup``: the optimizer phase's peak and the model

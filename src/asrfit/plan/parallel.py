@@ -11,10 +11,6 @@ into a private temporary folder, which the parent reads at the end. A child that
 dies leaves no file: the job's result is ``None`` and the caller computes it itself, so any
 error surfaces in the parent exactly as it would without workers.
 
-:func:`in_background` runs jobs that need nothing the parent is about to learn in one child
-*while* the parent works on (the optimizer-state traces, beside a plan's first trace, which
-runs alone in the parent so that later children share what it imports and learns).
-
 Workers: ``$ASRFIT_TRACE_WORKERS`` if set (1: none), else the CPUs this process may run on,
 at most :data:`MAX_TRACE_WORKERS` (each trace holds a model's fake tensors and the trace's
 records: a few hundred MiB of host memory per worker). Only where ``os.fork`` exists and is
@@ -27,14 +23,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import struct
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from asrfit.errors import ConfigError
 
@@ -128,87 +123,17 @@ def map_forked(
             os.close(queue)
         for pid in children:
             _reap(pid)
-        _read(folder, sorted(set(range(len(jobs))) - set(ran_here)), load, results)
+        for index in sorted(set(range(len(jobs))) - set(ran_here)):
+            path = folder / f"{index}.json"
+            if not path.is_file():
+                continue  # its child failed (logged there) or stopped first: the caller computes it
+            try:
+                results[index] = load(path)
+            except (OSError, ValueError, KeyError, TypeError, ConfigError) as err:
+                logger.warning(
+                    "trace worker's result %s unreadable (%s): traced here instead", path, err
+                )
     return results
-
-
-class Background(Generic[T]):
-    """Jobs running in one forked child (:func:`in_background`); :meth:`results` waits for
-    them, :meth:`stop` abandons them."""
-
-    def __init__(
-        self,
-        jobs: Sequence[Callable[[], T]],
-        save: Callable[[T, Path], Any],
-        load: Callable[[Path], T],
-    ) -> None:
-        self._count = len(jobs)
-        self._load = load
-        self._folder = Path(tempfile.mkdtemp(prefix="asrfit-traces-"))
-        queue, feed = os.pipe()
-        try:
-            os.write(feed, b"".join(struct.pack("<I", i) for i in range(len(jobs))))
-        finally:
-            os.close(feed)
-        try:
-            self._pid: int | None = os.fork()
-        except BaseException:
-            os.close(queue)
-            shutil.rmtree(self._folder, ignore_errors=True)
-            raise
-        if self._pid == 0:  # the child takes every job: nobody else reads its queue
-            _run_child(jobs, queue, self._folder, save)
-        os.close(queue)
-
-    def results(self) -> list[T | None]:
-        """Each job's result, after the child has finished (``None`` where it failed)."""
-        results: list[T | None] = [None] * self._count
-        if self._pid is not None:
-            _reap(self._pid)
-            self._pid = None
-            _read(self._folder, range(self._count), self._load, results)
-        shutil.rmtree(self._folder, ignore_errors=True)
-        return results
-
-    def stop(self) -> None:
-        """Kill the child, if it still runs, and drop its results."""
-        if self._pid is not None:
-            _stop(self._pid)
-            self._pid = None
-        shutil.rmtree(self._folder, ignore_errors=True)
-
-
-def in_background(
-    jobs: Sequence[Callable[[], T]],
-    save: Callable[[T, Path], Any],
-    load: Callable[[Path], T],
-) -> Background[T] | None:
-    """Start ``jobs`` one after another in a forked child while this process goes on.
-
-    The child is forked now, so it sees the parent as it is now, not what the parent
-    imports or learns afterwards: give it jobs that need neither. Its results come back as
-    :func:`map_forked`'s do (``save`` there, ``load`` here). None where forking is not this
-    platform's way (:func:`trace_workers`), or with no job: the caller runs them itself.
-    """
-    if not jobs or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
-        return None
-    if len(jobs) > _MAX_QUEUED:
-        return None
-    return Background(jobs, save, load)
-
-
-def _read(folder: Path, indices: Sequence[int], load: Callable[[Path], T], into: list) -> None:
-    """Load the children's result files of ``indices`` into ``into`` (None where missing)."""
-    for index in indices:
-        path = folder / f"{index}.json"
-        if not path.is_file():
-            continue  # its child failed (logged there) or stopped first: the caller computes it
-        try:
-            into[index] = load(path)
-        except (OSError, ValueError, KeyError, TypeError, ConfigError) as err:
-            logger.warning(
-                "trace worker's result %s unreadable (%s): traced here instead", path, err
-            )
 
 
 def _next(queue: int) -> int | None:

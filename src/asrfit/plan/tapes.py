@@ -188,14 +188,6 @@ class Tapes:
                 out.append(companion)
         return out
 
-    def waits_for_companion(self, shape: BatchShape, setup: Setup) -> bool:
-        """Whether ``shape`` is replayed only once its companion (:meth:`companions`) is
-        traced; any other shape is replayed from the tapes there are, or traced."""
-        if not self.enabled:
-            return False
-        companion = self._companion(shape, setup)
-        return companion is not None and companion != shape
-
     def _companion(self, shape: BatchShape, setup: Setup) -> BatchShape | None:
         """:meth:`companions`' shape for ``shape``, or None."""
         taped = self.batches(shape, setup)
