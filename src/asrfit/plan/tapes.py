@@ -70,6 +70,8 @@ class Tapes:
         trace again, and beside a whole model's tape at the same lengths a reduced one would
         count as half a pair that replays nothing."""
         whole = {(setup, bool(forward_backward)) for setup, forward_backward, *_ in traced_whole}
+        # a reduced model's key is :meth:`_key`'s five fields (setup first, forward_backward
+        # last), then its row
         for key in [k for k in self._tapes if len(k) > 5 and (k[0], k[4]) in whole]:
             del self._tapes[key]
 
