@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -270,6 +271,35 @@ def test_plan_in_words(monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile)
         3, len(p.alternatives)
     )
     assert "fit residual" not in p.rests_on[0] and "MiB above any" in p.rests_on[0]
+
+
+def test_plan_in_words_names_what_sets_a_limit_every_bucket_shares(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
+) -> None:
+    """One batch in every bucket is the target's share only when it is that share: a model that
+    pads every utterance alike (Whisper, 30 s) hits the same memory limit in every bucket."""
+    from dataclasses import replace
+
+    from asrfit.plan.explain import explain_plan
+
+    p = plan(_hardware(monkeypatch, 1200 * MIB), dataset, _tiny_config())
+    assert p.target_effective_batch == "32 utterances" and p.batch_cap == 32
+
+    def fits(batch: int, **changes: Any) -> str:
+        alike = [replace(b, batch_size=batch) for b in p.buckets]
+        return dict(explain_plan(replace(p, buckets=alike, **changes)))["Fits"]
+
+    assert "(the target batch, not memory, is the limit)" in fits(32)
+    assert "(memory is the limit in every bucket alike)" in fits(8)
+    # the target's share per process: 32 over 4 GPUs caps each at 8
+    four = replace(p.setup, world_size=4)
+    assert replace(p, setup=four).batch_cap == 8
+    assert "(the target batch, not memory, is the limit)" in fits(8, setup=four)
+    # a target in hours caps no batch
+    assert replace(p, target_effective_batch="0.5 hours").batch_cap is None
+    assert "(memory is the limit in every bucket alike)" in fits(
+        32, target_effective_batch="0.5 hours"
+    )
 
 
 def test_cpu_plans_never_choose_8bit_adamw(monkeypatch):

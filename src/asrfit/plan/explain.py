@@ -38,13 +38,23 @@ def _batches(plan: Plan) -> str:
     if first.batch_size == last.batch_size:
         return (
             f"{last.batch_size} utterances per micro-batch in all {count} duration buckets, up "
-            f"to {last.max_seconds:.1f} s (the target batch, not memory, is the limit)"
+            f"to {last.max_seconds:.1f} s ({_limit(plan, last.batch_size)})"
         )
     return (
         f"up to {first.batch_size} utterances of {first.max_seconds:.1f} s or less per "
         f"micro-batch, down to {last.batch_size} of up to {last.max_seconds:.1f} s, in "
         f"{count} duration buckets"
     )
+
+
+def _limit(plan: Plan, batch_size: int) -> str:
+    """What sets a batch limit every bucket shares: the target batch where the limit is the
+    target's share per process (:attr:`Plan.batch_cap`), else memory (a model that pads every
+    utterance to one length, as Whisper pads to 30 s, costs the same in every bucket)."""
+    cap = plan.batch_cap
+    if cap is not None and batch_size >= cap:
+        return "the target batch, not memory, is the limit"
+    return "memory is the limit in every bucket alike"
 
 
 def _about(seconds: float) -> str:

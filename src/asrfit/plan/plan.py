@@ -231,6 +231,16 @@ class Plan(JsonDataclass):
             return float(match.group(1))
         return float(self.effective_batch_utterances)
 
+    @property
+    def batch_cap(self) -> int | None:
+        """The largest micro-batch per process a target in utterances allows: its share
+        per process, rounded up (:func:`asrfit.plan.inputs.plan_inputs`' cap); None for a
+        target in hours, which caps no batch."""
+        match = _TARGET_UTTERANCES.match(self.target_effective_batch)
+        if not match:
+            return None
+        return max(1, math.ceil(int(match.group(1)) / self.setup.world_size))
+
     def fixed_batch_accumulation_steps(self, batch_size: int | None = None) -> int:
         """Accumulation that keeps the target effective batch with one fixed micro-batch.
 
