@@ -164,7 +164,10 @@ def test_budget_below_model_states_names_what_was_tried(
         plan(_hardware(monkeypatch, 1 * MIB), dataset, _tiny_config())
     message = str(info.value)
     assert "Tried:" in message and "adamw8bit" in message and "zero3+offload" in message
-    assert "more GPUs" in message
+    # what it advises is what it did not try: not the 8-bit optimizer or optimizer offload
+    advice = message.split("Not tried, and not checked: ")[1].split("\n")[0]
+    assert "more GPUs" in advice and "offload_param" in advice
+    assert "8-bit" not in advice and "shorter --max-seconds" not in advice
 
 
 def test_accumulation_by_hand() -> None:

@@ -302,10 +302,27 @@ def nothing_fits(x: PlanInputs, found: SetupSearch, hardware: Any, expandable: b
         f"{x.adapter.name} does not fit {x.usable_bytes / 2**30:.2f} GiB usable on {x.world} x "
         f"{gpu} even at batch 1 of {x.edge_max_seconds:g} s. Tried:\n  "
         + "\n  ".join(found.rejected)
-        + "\nWhat would fit: a shorter --max-seconds (long utterances are then chunked), the "
-        "8-bit optimizer, ZeRO-3 with CPU offload, more GPUs (--world-size), or a GPU with more "
-        "memory.\nProposals (checked by the simulator):\n  " + "\n  ".join(proposals)
+        + f"\nNot tried, and not checked: {untried_words(found, hardware)}."
+        + "\nProposals (checked by the simulator):\n  "
+        + "\n  ".join(proposals)
     )
+
+
+def untried_words(found: SetupSearch, hardware: Any) -> str:
+    """What else might fit, among what the search did not try (it tries the 8-bit optimizer
+    where it can run, and ZeRO with CPU offload whenever nothing fits without it): so no
+    advice names a setup the error lists as tried. Chunking is the proposals' to judge."""
+    tried = {costs.setup.optimizer for costs in found.all_costs}
+    ideas = []
+    if OptimizerKind.ADAMW_8BIT not in tried and hardware.num_gpus:
+        ideas.append("the 8-bit optimizer (install bitsandbytes where the GPU is)")
+    ideas.append(
+        "ZeRO-3 with the parameters offloaded to the CPU as well (DeepSpeed offload_param; "
+        "`asrfit memory --zero 3 --offload-optimizer --offload-params` simulates it)"
+    )
+    ideas.append("more GPUs (--world-size), over which ZeRO shards the model states")
+    ideas.append("a GPU with more memory")
+    return ", ".join(ideas[:-1]) + " or " + ideas[-1]
 
 
 def choose(found: SetupSearch, evaluate: SetupEvaluator, dataset: Any, bucketing: str) -> Choice:
