@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -164,10 +165,37 @@ def test_budget_below_model_states_names_what_was_tried(
         plan(_hardware(monkeypatch, 1 * MIB), dataset, _tiny_config())
     message = str(info.value)
     assert "Tried:" in message and "adamw8bit" in message and "zero3+offload" in message
-    # what it advises is what it did not try: not the 8-bit optimizer or optimizer offload
+    assert "zero3+offload+offload-params" in message
+    # what it advises is what it did not try: not the 8-bit optimizer or any offload
     advice = message.split("Not tried, and not checked: ")[1].split("\n")[0]
-    assert "more GPUs" in advice and "offload_param" in advice
+    assert "more GPUs" in advice and "offload" not in advice
     assert "8-bit" not in advice and "shorter --max-seconds" not in advice
+
+
+def test_parameters_offloaded_last_where_optimizer_offload_does_not_fit(
+    monkeypatch: pytest.MonkeyPatch, dataset: DatasetProfile
+) -> None:
+    """ZeRO-3 with the parameters on the CPU too is planned where nothing else fits (0.4 B
+    parameters in two layers: ZeRO's own buckets, 1.1 GiB, outweighed by the states)."""
+    cfg = _tiny_config()
+    cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads = 4096, 16384, 32
+    with pytest.raises(PlanError) as info:
+        plan(_hardware(monkeypatch, 1 * MIB), dataset, cfg)
+    needs = {
+        label: float(gib)
+        for label, gib in re.findall(r"\n  (.+?): needs ([\d.]+) GiB", str(info.value))
+    }
+    params_off = [v for k, v in needs.items() if "+offload-params" in k]
+    others = [v for k, v in needs.items() if "+offload-params" not in k]
+    assert params_off and others and min(params_off) < min(others) - 0.1
+    usable = round((min(others) - 0.05) * 2**30)
+    p = plan(_hardware(monkeypatch, usable), dataset, cfg)
+    assert p.setup.zero_stage == 3 and p.setup.offload_params and p.setup.offload_optimizer
+    assert all(b.predicted_peak_bytes <= usable for b in p.buckets)
+    # tried before, and too big: the optimizer state alone offloaded
+    assert any("+ckpt adamw zero3+offloadx1" in line for line in p.rejected)
+    # an offloaded state steps on the host, where bitsandbytes' 8-bit kernels do not run
+    assert p.setup.optimizer.value != "adamw8bit"
 
 
 def test_accumulation_by_hand() -> None:

@@ -90,7 +90,8 @@ class Setup(JsonDataclass):
     def describe(self) -> str:
         """A short human-readable label, e.g. ``bf16+ckpt adamw zero2x4``.
 
-        ``+ckpt`` checkpoints every layer, ``+ckpt4`` the first 4 encoder layers.
+        ``+ckpt`` checkpoints every layer, ``+ckpt4`` the first 4 encoder layers; ZeRO's
+        ``+offload`` keeps the optimizer state on the CPU, ``+offload-params`` the parameters.
         """
         parts = [
             self.precision.value
@@ -99,7 +100,8 @@ class Setup(JsonDataclass):
             self.optimizer.value,
         ]
         if self.zero_stage:
-            off = "+offload" if self.offload_optimizer or self.offload_params else ""
+            off = "+offload" if self.offload_optimizer else ""
+            off += "+offload-params" if self.offload_params else ""
             parts.append(f"zero{self.zero_stage}{off}x{self.world_size}")
         elif self.world_size > 1:
             parts.append(f"ddp x{self.world_size}")

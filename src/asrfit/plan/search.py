@@ -2,7 +2,9 @@
 
 1. Candidate setups: precision (bf16 where the GPU has it, else fp16 with a scaler; fp32
    when asked), gradient checkpointing off/on, AdamW / 8-bit AdamW / Adafactor, and with
-   several GPUs DDP or ZeRO 1-3; ZeRO with CPU offload only when nothing else fits.
+   several GPUs DDP or ZeRO 1-3; ZeRO with the optimizer state offloaded to the CPU only
+   when nothing else fits, and ZeRO-3 with the parameters offloaded as well only when that
+   does not fit either.
 2. Each setup's memory and FLOPs come from cached simulations (:mod:`asrfit.plan.costs`).
 3. For each setup, bucket edges are fitted to the dataset's durations (equal audio per
    bucket, several bucket counts tried); each bucket gets the largest batch whose
@@ -69,8 +71,10 @@ def candidate_setups(
     world_size: int,
     freeze_feature_encoder: bool,
     offload: bool,
+    offload_params: bool = False,
 ) -> list[Setup]:
-    """The setups searched, cheapest in memory last."""
+    """The setups searched, cheapest in memory last (``offload``: ZeRO-2 and 3 with the
+    optimizer state on the CPU; with ``offload_params``, ZeRO-3 with the parameters there too)."""
     if precision is not None:
         precisions = [Precision(precision)]
     elif hardware.num_gpus == 0:
@@ -82,11 +86,15 @@ def candidate_setups(
     )
     if offload:
         stages = [(2, True), (3, True)]
+    if offload_params:
+        stages = [(3, True)]
     optimizers = [OptimizerKind.ADAMW, OptimizerKind.ADAMW_8BIT, OptimizerKind.ADAFACTOR]
     # bitsandbytes' 8-bit AdamW keeps its quantised state with CUDA kernels: not a CPU plan's
     # choice, nor one for this machine's GPUs when bitsandbytes is not installed here.
     no_bnb = importlib.util.find_spec("bitsandbytes") is None
-    if hardware.num_gpus == 0 or (hardware.source == "detected" and no_bnb):
+    # Nor one whose state is offloaded: the optimizer then steps on the host's copy, where
+    # bitsandbytes' kernels do not run (DeepSpeed's CPU Adam or a torch optimizer do).
+    if hardware.num_gpus == 0 or (hardware.source == "detected" and no_bnb) or offload:
         optimizers.remove(OptimizerKind.ADAMW_8BIT)
     setups = []
     for p in precisions:
@@ -101,6 +109,7 @@ def candidate_setups(
                             freeze_feature_encoder=freeze_feature_encoder,
                             zero_stage=stage,
                             offload_optimizer=off,
+                            offload_params=offload_params,
                             world_size=world_size,
                         )
                     )
@@ -172,8 +181,9 @@ def search_setups(
     freeze_feature_encoder: bool,
     progress: TraceProgress | None,
 ) -> SetupSearch:
-    """Every candidate setup's fit, then how many layers to checkpoint; with CPU offload
-    only when nothing fits without it."""
+    """Every candidate setup's fit, then how many layers to checkpoint; with the optimizer
+    state offloaded to the CPU only when nothing fits without it, and the parameters as well
+    only when nothing fits with that."""
     x, estimator, hardware = evaluate.inputs, evaluate.estimator, evaluate.hardware
     exhaustive = evaluate.exhaustive
     found = SetupSearch()
@@ -190,8 +200,10 @@ def search_setups(
     def cannot_win(off: tuple[SetupCosts, Any]) -> bool:
         return recompute_bound(off, evaluate, rates, layers)
 
-    for offload in (False, True):
-        setups = candidate_setups(hardware, precision, x.world, freeze_feature_encoder, offload)
+    for offload, offload_params in ((False, False), (True, False), (True, True)):
+        setups = candidate_setups(
+            hardware, precision, x.world, freeze_feature_encoder, offload, offload_params
+        )
         # at most: the refined groups, one state trace per optimizer, and what choosing how many
         # layers to checkpoint may trace (the unused part is skipped after the choice)
         per_choice = (
@@ -310,19 +322,16 @@ def nothing_fits(x: PlanInputs, found: SetupSearch, hardware: Any, expandable: b
 
 def untried_words(found: SetupSearch, hardware: Any) -> str:
     """What else might fit, among what the search did not try (it tries the 8-bit optimizer
-    where it can run, and ZeRO with CPU offload whenever nothing fits without it): so no
-    advice names a setup the error lists as tried. Chunking is the proposals' to judge."""
+    where it can run, and ZeRO with CPU offload, parameters too, whenever nothing fits
+    without): so no advice names a setup the error lists as tried. Chunking is the
+    proposals' to judge."""
     tried = {costs.setup.optimizer for costs in found.all_costs}
     ideas = []
     if OptimizerKind.ADAMW_8BIT not in tried and hardware.num_gpus:
         ideas.append("the 8-bit optimizer (install bitsandbytes where the GPU is)")
-    ideas.append(
-        "ZeRO-3 with the parameters offloaded to the CPU as well (DeepSpeed offload_param; "
-        "`asrfit memory --zero 3 --offload-optimizer --offload-params` simulates it)"
-    )
     ideas.append("more GPUs (--world-size), over which ZeRO shards the model states")
     ideas.append("a GPU with more memory")
-    return ", ".join(ideas[:-1]) + " or " + ideas[-1]
+    return "; ".join(ideas[:-1]) + "; or " + ideas[-1]
 
 
 def choose(found: SetupSearch, evaluate: SetupEvaluator, dataset: Any, bucketing: str) -> Choice:
