@@ -198,6 +198,49 @@ def test_parameters_offloaded_last_where_optimizer_offload_does_not_fit(
     assert p.setup.optimizer.value != "adamw8bit"
 
 
+def test_an_offloaded_optimizer_state_steps_on_the_host() -> None:
+    """With the state offloaded (DeepSpeed's CPU optimizer), the traced update's temporaries
+    and kernels are not the GPU's: its memory needs no longer depend on the optimizer, nor
+    does its step time count the optimizer's GPU kernels (0.4 B parameters in two layers, whose
+    AdamW update's temporaries outweigh the activations at these shapes)."""
+    import torch
+
+    from asrfit.memory.cache import model_key
+    from asrfit.memory.setup import OptimizerKind
+    from asrfit.plan.costs import CostEstimator
+    from asrfit.plan.speed import step_time_fit
+    from asrfit.profiles.host import device_rates
+
+    cfg = _tiny_config()
+    cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads = 4096, 16384, 32
+    adapter = hf_adapter(cfg)
+    with torch.device("meta"):
+        trainable = sum(p.numel() for p in adapter.build().parameters() if p.requires_grad)
+    estimator = CostEstimator(adapter, model_key(adapter.name + repr(cfg)), trainable, 1600)
+    rates = device_rates(HardwareProfile.from_name("L4"))
+
+    def costs(optimizer: OptimizerKind, offload: bool):
+        setup = Setup(
+            precision="bf16", optimizer=optimizer, zero_stage=2, offload_optimizer=offload
+        )
+        return estimator.costs(setup, 160_000, 15.0 / 16_000, "ada")
+
+    adamw, adafactor = costs(OptimizerKind.ADAMW, False), costs(OptimizerKind.ADAFACTOR, False)
+    assert adamw.optimizer_peak_bytes > 0 and step_time_fit(adamw, rates).optimizer_seconds > 0
+    shapes = [(1, 16_000, 15), (4, 80_000, 75), (2, 160_000, 150)]
+    assert any(adamw.reserved_bytes(*s) > adafactor.reserved_bytes(*s) for s in shapes)
+    off_adamw, off_adafactor = (
+        costs(OptimizerKind.ADAMW, True),
+        costs(OptimizerKind.ADAFACTOR, True),
+    )
+    for off in (off_adamw, off_adafactor):
+        assert off.optimizer_peak_bytes == 0 and off.optimizer_cost is None
+        assert step_time_fit(off, rates).optimizer_seconds == 0
+    for s in shapes:
+        assert off_adamw.reserved_bytes(*s) == off_adafactor.reserved_bytes(*s)
+        assert off_adamw.reserved_bytes(*s) < adamw.reserved_bytes(*s)
+
+
 def test_accumulation_by_hand() -> None:
     # Half the utterances in batches of 8, half in batches of 4: 0.5/8 + 0.5/4 = 0.1875 batches
     # per utterance, 16/3 utterances per micro-batch; 32 utterances per step -> 6 micro-batches.

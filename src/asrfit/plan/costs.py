@@ -392,6 +392,12 @@ class CostEstimator:
         optimizer_peak = opt.phase_peaks_bytes.get("optimizer", 0)
         if opt.peak_phase == "optimizer":  # the peak whose segments the trace counted
             optimizer_peak += self._overhead(opt)
+        optimizer_cost = opt.cost.select(("optimizer", "zero_grad"))
+        if setup.offload_optimizer:
+            # the step runs on the host's copy of the state (DeepSpeed's CPU optimizer): the
+            # traced update's temporaries and kernels are not the GPU's, which holds the
+            # sharded states alone then (fewer than in the forward and backward passes)
+            optimizer_peak, optimizer_cost = 0, None
         key = _fit_key(setup, max_input_length, budget_bytes)
         time_points = self._time_points.get(key, [])
         marks = [(*p[:3], *self._layers[(key, *p[:3])]) for p in time_points]
@@ -406,7 +412,7 @@ class CostEstimator:
             architecture=architecture,
             expandable_segments=self.expandable_segments,
             time_points=time_points,
-            optimizer_cost=opt.cost.select(("optimizer", "zero_grad")),
+            optimizer_cost=optimizer_cost,
             layer_points=marks,
         )
 

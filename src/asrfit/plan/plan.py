@@ -124,7 +124,8 @@ class Plan(JsonDataclass):
         input_frames_per_second: Model-input steps per audio second (samples or feature frames).
         labels_per_second: Labels per audio second assumed when a transcript's length is unknown.
         model_state_offset_bytes: Sharded minus unsharded model states (ZeRO/DDP), added to ``cost_model``.
-        optimizer_peak_bytes: The optimizer phase's peak (batch-independent), unsharded.
+        optimizer_peak_bytes: The optimizer phase's peak (batch-independent), unsharded; 0
+            where the optimizer state is offloaded (the step runs on the host).
         architecture: GPU architecture (for the allocator model's cuBLAS workspace).
         alternatives: Other setups considered, one line each, fastest first.
         warnings: Things the user should know (unreachable targets, filtered data).

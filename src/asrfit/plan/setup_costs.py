@@ -24,14 +24,16 @@ class SetupCosts:
     # steady forward/backward peak, unsharded; classic segments' rounding included where the
     # run uses them (CostEstimator._overhead)
     memory: PeakModel
-    optimizer_peak_bytes: int  # steady optimizer-phase peak (segments likewise), unsharded
+    # steady optimizer-phase peak (segments likewise), unsharded; 0 where the state is
+    # offloaded and the step runs on the host
+    optimizer_peak_bytes: int
     model_state_bytes: int  # parameters + gradients + optimizer state, unsharded
     sharded_state_bytes: int  # the same after ZeRO/DDP
     flops: PeakModel  # FLOPs of forward + backward
     architecture: str | None = None
     expandable_segments: bool = True
     # (B, T, U, forward + backward kernels) of each traced shape, and the optimizer step's
-    # kernels: the step-time model's inputs (asrfit.plan.speed)
+    # kernels (None where it runs on the host): the step-time model's inputs (asrfit.plan.speed)
     time_points: list[tuple[int, int, int, StepCost]] = field(default_factory=list)
     optimizer_cost: StepCost | None = None
     offloaded_bytes: int = 0  # model states CPU offload keeps in host memory, per process
