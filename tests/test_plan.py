@@ -364,6 +364,12 @@ def test_plan_in_words_names_what_sets_a_limit_every_bucket_shares(
         return dict(explain_plan(replace(p, buckets=alike, **changes)))["Fits"]
 
     assert "(the target batch, not memory, is the limit)" in fits(32)
+    assert f"in all {len(p.buckets)} duration buckets" in fits(32)
+    one = [replace(p.buckets[-1], batch_size=32, min_seconds=0.0, utterance_fraction=1.0)]
+    assert (
+        "32 utterances per micro-batch in its one duration bucket"
+        in dict(explain_plan(replace(p, buckets=one)))["Fits"]
+    )
     assert "(memory is the limit in every bucket alike)" in fits(8)
     # the target's share per process: 32 over 4 GPUs caps each at 8
     four = replace(p.setup, world_size=4)

@@ -36,9 +36,10 @@ def _batches(plan: Plan) -> str:
             f"{last.max_seconds:.1f} s, each split by transcript length ({plan.bucketing_reason})"
         )
     if first.batch_size == last.batch_size:
+        where = "its one duration bucket" if count == 1 else f"all {count} duration buckets"
         return (
-            f"{last.batch_size} utterances per micro-batch in all {count} duration buckets, up "
-            f"to {last.max_seconds:.1f} s ({_limit(plan, last.batch_size)})"
+            f"{last.batch_size} utterances per micro-batch in {where}, up to "
+            f"{last.max_seconds:.1f} s ({_limit(plan, last.batch_size)})"
         )
     return (
         f"up to {first.batch_size} utterances of {first.max_seconds:.1f} s or less per "
