@@ -241,6 +241,24 @@ def test_an_offloaded_optimizer_state_steps_on_the_host() -> None:
         assert off_adamw.reserved_bytes(*s) < adamw.reserved_bytes(*s)
 
 
+def test_asrfit_memory_counts_an_offloaded_optimizer_on_the_host() -> None:
+    """``asrfit memory`` (:func:`asrfit.memory.report.simulate`) as the planner: with the state
+    offloaded, the GPU's figure does not depend on the optimizer."""
+    from asrfit.memory.report import simulate
+
+    cfg = _tiny_config()
+    cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads = 4096, 16384, 32
+
+    def reserved(optimizer: str, offload: bool) -> int:
+        setup = Setup(
+            precision="bf16", optimizer=optimizer, zero_stage=2, offload_optimizer=offload
+        )
+        return simulate(cfg, batch_size=1, seconds=1.0, setup=setup, gpu="L4").cuda.reserved_bytes
+
+    assert reserved("adamw", False) > reserved("adafactor", False)
+    assert reserved("adamw", True) == reserved("adafactor", True) < reserved("adafactor", False)
+
+
 def test_accumulation_by_hand() -> None:
     # Half the utterances in batches of 8, half in batches of 4: 0.5/8 + 0.5/4 = 0.1875 batches
     # per utterance, 16/3 utterances per micro-batch; 32 utterances per step -> 6 micro-batches.

@@ -218,7 +218,12 @@ def simulate(
         )
     from asrfit.memory.simulate import simulate_step  # imports torch
 
-    step = simulate_step(adapter, batch, setup, target=target)
+    # with the optimizer state offloaded the update runs on the host's copy (DeepSpeed's CPU
+    # optimizer): its temporaries and kernels are not the GPU's, so the step is traced without
+    # it, as the planner counts it (asrfit.plan.costs)
+    step = simulate_step(
+        adapter, batch, setup, target=target, optimizer_step=not setup.offload_optimizer
+    )
     trainable = profile.trainable_params if profile is not None else 0
     breakdown, notes = shard_breakdown(step.breakdown_bytes, setup, trainable)
     hardware = _hardware(gpu)
