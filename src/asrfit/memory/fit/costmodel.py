@@ -23,7 +23,7 @@ fitting (``bench/memory_accuracy.py`` and the tests do).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -35,7 +35,8 @@ Simulator = Callable[[int, int, int], int]
 
 @dataclass
 class PeakModel(JsonDataclass):
-    """``peak(B, T, U) = c0 + B * (d + a*T + b*T^2 + c*U + e*T*U)`` with its fit residuals.
+    """``peak(B, T, U) = c0 + B * (d + a*T + b*T^2 + c*U + e*T*U)`` with its fit residuals,
+    and at least ``floor_bytes`` (:func:`fit_line_and_floor`: small batches that peak elsewhere).
 
     Attributes:
         c0_bytes: Batch-independent bytes.
@@ -46,6 +47,7 @@ class PeakModel(JsonDataclass):
         e_bytes_per_step_label: Bytes per utterance per input step per label (``T*U``).
         points: The ``(B, T, U, peak_bytes)`` points fitted.
         max_relative_residual: Largest |fit - simulated| / simulated over the points.
+        floor_bytes: The least any batch is predicted (0: no floor).
     """
 
     c0_bytes: float
@@ -56,23 +58,28 @@ class PeakModel(JsonDataclass):
     e_bytes_per_step_label: float = 0.0
     points: list[list[int]] = field(default_factory=list)
     max_relative_residual: float = 0.0
+    floor_bytes: float = 0.0
 
-    def predict(self, batch_size: int, input_length: int, label_length: int) -> float:
-        """Predicted peak bytes of a padded batch."""
+    def per_utterance(self, input_length: int, label_length: int) -> float:
+        """Bytes the line adds per utterance of the batch."""
         t = float(input_length)
-        per_utt = (
+        return (
             self.d_bytes_per_utterance
             + self.a_bytes_per_step * t
             + self.b_bytes_per_step2 * t * t
             + self.c_bytes_per_label * label_length
             + self.e_bytes_per_step_label * t * label_length
         )
-        return self.c0_bytes + batch_size * per_utt
+
+    def predict(self, batch_size: int, input_length: int, label_length: int) -> float:
+        """Predicted peak bytes of a padded batch."""
+        line = self.c0_bytes + batch_size * self.per_utterance(input_length, label_length)
+        return max(line, self.floor_bytes)
 
     def max_batch(self, budget_bytes: float, input_length: int, label_length: int) -> int:
         """Largest batch whose predicted peak stays within ``budget_bytes`` (0 if none)."""
-        per_utt = self.predict(1, input_length, label_length) - self.c0_bytes
-        if per_utt <= 0:
+        per_utt = self.per_utterance(input_length, label_length)
+        if per_utt <= 0 or self.floor_bytes > budget_bytes:
             return 0
         return max(0, int((budget_bytes - self.c0_bytes) // per_utt))
 
@@ -122,6 +129,31 @@ def fit_peak_model(
     )
 
 
+def fit_line_and_floor(
+    line_points: list[tuple[int, int, int, int]], other_points: list[tuple[int, int, int, int]]
+) -> PeakModel:
+    """A line fitted never under ``line_points``, raised to a floor at the ``other_points``
+    above it: for a step whose small batches peak elsewhere (where the activations barely
+    show) than the large ones near the budget, which one line cannot follow without passing
+    far above the large ones.
+
+    The floor is the largest peak among the ``other_points`` the line predicts below, so the
+    model is never under any point of either list.
+
+    Args:
+        line_points: At least 4 points, on the branch where the batch decides the peak.
+        other_points: Points the line need not pass above.
+    """
+    line = fit_peak_model(line_points, never_under=True)
+    above = [p for b, t, u, p in other_points if line.predict(b, t, u) < p]
+    every = [*line_points, *other_points]
+    model = replace(line, floor_bytes=float(max(above, default=0)))
+    residual = max(abs(model.predict(b, t, u) - p) / p for b, t, u, p in every)
+    return replace(
+        model, points=[[int(v) for v in p] for p in every], max_relative_residual=residual
+    )
+
+
 def default_fit_shapes(max_input_length: int, labels_per_step: float) -> list[tuple[int, int, int]]:
     """Five shapes spanning batch and length for a fit: two lengths at two batches, plus one."""
     long_t = max_input_length
@@ -157,14 +189,14 @@ COEFFICIENTS = (
 
 
 def lerp_models(a: PeakModel, b: PeakModel, weight: float) -> PeakModel:
-    """``(1 - weight) x a + weight x b``, coefficient by coefficient (no points kept)."""
+    """``(1 - weight) x a + weight x b``, coefficient by coefficient (no points, no floor)."""
     return PeakModel(
         **{n: (1 - weight) * getattr(a, n) + weight * getattr(b, n) for n in COEFFICIENTS}
     )
 
 
 def subtract_models(a: PeakModel, b: PeakModel) -> PeakModel:
-    """``a - b``, coefficient by coefficient (no points kept)."""
+    """``a - b``, coefficient by coefficient (no points, no floor: lower than ``a`` may be)."""
     return PeakModel(**{n: getattr(a, n) - getattr(b, n) for n in COEFFICIENTS})
 
 
@@ -224,4 +256,5 @@ def with_label_terms(model: PeakModel, labels_per_step: float, c: float, e: floa
         e_bytes_per_step_label=e,
         points=model.points,
         max_relative_residual=model.max_relative_residual,
+        floor_bytes=model.floor_bytes,
     )
