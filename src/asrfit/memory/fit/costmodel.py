@@ -196,7 +196,7 @@ def lerp_models(a: PeakModel, b: PeakModel, weight: float) -> PeakModel:
 
 
 def subtract_models(a: PeakModel, b: PeakModel) -> PeakModel:
-    """``a - b``, coefficient by coefficient (no points, no floor: lower than ``a`` may be)."""
+    """``a - b``, coefficient by coefficient (no points, and no floor: ``a``'s line lowered)."""
     return PeakModel(**{n: getattr(a, n) - getattr(b, n) for n in COEFFICIENTS})
 
 
