@@ -50,6 +50,14 @@ def _tiny_config() -> Wav2Vec2Config:
     return cfg
 
 
+def _wide_config() -> Wav2Vec2Config:
+    """0.4 B parameters in two layers: states (and an AdamW update's temporaries) that
+    outweigh ZeRO's own 1.1 GiB of buckets and the activations of short batches."""
+    cfg = _tiny_config()
+    cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads = 4096, 16384, 32
+    return cfg
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     mp = pytest.MonkeyPatch()
@@ -177,8 +185,7 @@ def test_parameters_offloaded_last_where_optimizer_offload_does_not_fit(
 ) -> None:
     """ZeRO-3 with the parameters on the CPU too is planned where nothing else fits (0.4 B
     parameters in two layers: ZeRO's own buckets, 1.1 GiB, outweighed by the states)."""
-    cfg = _tiny_config()
-    cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads = 4096, 16384, 32
+    cfg = _wide_config()
     with pytest.raises(PlanError) as info:
         plan(_hardware(monkeypatch, 1 * MIB), dataset, cfg)
     needs = {
@@ -211,8 +218,7 @@ def test_an_offloaded_optimizer_state_steps_on_the_host() -> None:
     from asrfit.plan.speed import step_time_fit
     from asrfit.profiles.host import device_rates
 
-    cfg = _tiny_config()
-    cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads = 4096, 16384, 32
+    cfg = _wide_config()
     adapter = hf_adapter(cfg)
     with torch.device("meta"):
         trainable = sum(p.numel() for p in adapter.build().parameters() if p.requires_grad)
@@ -246,8 +252,7 @@ def test_asrfit_memory_counts_an_offloaded_optimizer_on_the_host() -> None:
     offloaded, the GPU's figure does not depend on the optimizer."""
     from asrfit.memory.report import simulate
 
-    cfg = _tiny_config()
-    cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads = 4096, 16384, 32
+    cfg = _wide_config()
 
     def reserved(optimizer: str, offload: bool) -> int:
         setup = Setup(

@@ -299,24 +299,7 @@ class CostEstimator:
                     for batch in sorted({batches[t], batches[t] // 2} - {0, *COARSE_BATCHES})
                 ]
                 trace(refine)
-                near = [p for p in points if p[3] >= _NEAR_BUDGET * budget_bytes]
-                fitted = near if len(near) >= 4 else points
-                memory = fit_peak_model(fitted, never_under=True)
-                # A small coarse batch that peaks elsewhere (where the activations barely
-                # show), well above the line the refined batches near the budget lie on,
-                # would hold one line never under every point far above them: it is left
-                # out of the line and kept as a floor instead.
-                refined = [p for p in fitted if p[0] not in COARSE_BATCHES]
-                if len(refined) >= 4 and len({p[1] for p in refined}) >= 2:
-                    line = fit_peak_model(refined, never_under=True)
-                    elsewhere = [
-                        p
-                        for p in fitted
-                        if p[0] in COARSE_BATCHES and p[3] > (1 + _ELSEWHERE) * line.predict(*p[:3])
-                    ]
-                    if elsewhere:
-                        kept = [p for p in fitted if p not in elsewhere]
-                        memory = fit_line_and_floor(kept, elsewhere)
+                memory = near_budget_fit(points, budget_bytes)
             self._fits[key] = (memory, fit_peak_model(flop_points))
         return self._fits[key]
 
@@ -436,6 +419,31 @@ class CostEstimator:
             optimizer_cost=optimizer_cost,
             layer_points=marks,
         )
+
+
+def near_budget_fit(points: list[tuple[int, int, int, int]], budget_bytes: int) -> PeakModel:
+    """The final memory fit of a refined setup: never under its points above
+    :data:`_NEAR_BUDGET` of the budget (all of them, with fewer than 4 there).
+
+    A small coarse batch that peaks elsewhere (where the activations barely show), more than
+    :data:`_ELSEWHERE` above the line the refined batches near the budget lie on, would hold
+    one line never under every point far above them: it is left out of the line and kept as
+    a floor instead (:func:`~asrfit.memory.fit.costmodel.fit_line_and_floor`).
+    """
+    near = [p for p in points if p[3] >= _NEAR_BUDGET * budget_bytes]
+    fitted = near if len(near) >= 4 else points
+    refined = [p for p in fitted if p[0] not in COARSE_BATCHES]
+    if len(refined) < 4 or len({p[1] for p in refined}) < 2:
+        return fit_peak_model(fitted, never_under=True)
+    line = fit_peak_model(refined, never_under=True)
+    elsewhere = [
+        p
+        for p in fitted
+        if p[0] in COARSE_BATCHES and p[3] > (1 + _ELSEWHERE) * line.predict(*p[:3])
+    ]
+    if not elsewhere:
+        return fit_peak_model(fitted, never_under=True)
+    return fit_line_and_floor([p for p in fitted if p not in elsewhere], elsewhere)
 
 
 def _fit_key(setup: Setup, max_input_length: int, budget: int | None) -> tuple:
