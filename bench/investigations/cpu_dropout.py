@@ -11,8 +11,8 @@ CPU kernel choices.
 
 Run: ``PYTHONPATH=src .venv/bin/python -m bench investigations.cpu_dropout --out docs/benchmarks.md``
 
-One process, one model (conformer-ctc-small, dropout 0.1 as the speech demo trains it,
-64-channel subsampling), one fp32 AdamW training step on random log-mel features, timed
+One process, one model (conformer-ctc-small, dropout 0.1, 64-channel subsampling, 80 mel
+bins), one fp32 AdamW training step on random log-mel features, timed
 with PyTorch's kernels (``asrfit.models.dropout.host_kernels(False)``: ``bernoulli_`` for each
 mask, SDPA's math path for attention with dropout) and with the fast path, alternating
 round by round (warm-up steps first in each round); the table gives each round's median and
