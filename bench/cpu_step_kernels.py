@@ -6,8 +6,9 @@ Run: ``PYTHONPATH=src .venv/bin/python -m bench cpu_step_kernels --out docs/benc
 One process, conformer-ctc-small with dropout 0.1, a 64-channel subsampling front-end and 80
 mel bins (not the speech recipe's 40 bins and intermediate CTC), one fp32 training step
 (forward, CTC loss, backward, clipping at 1.0, AdamW) on random log-mel features padded as a
-bucket's batch is. Four variants, each adding one change to the one before, alternate round by round (each round builds each variant's model and
-optimizer afresh from one seed and times its steps after a warm-up step):
+bucket's batch is. Four variants, each adding one change to the one before, alternate round
+by round (each round builds each variant's model and optimizer afresh from one seed and
+times its steps after a warm-up step):
 
 1. **before**: the code of 9c22417: dropout as ``torch.where(mask, 0, x) * scale`` over a
    boolean mask, padding zeroed and attention's keys masked with ``masked_fill``, the subsampling's convolutions
