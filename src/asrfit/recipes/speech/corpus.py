@@ -4,8 +4,7 @@ Four splits, each with its own sentences (from :class:`~asrfit.recipes.speech.gr
 and its own voices (:func:`~asrfit.recipes.speech.voices.split_voices`):
 
 * ``train``: espeak-ng's training variants and flite's voices, with speed, vocal-tract-length
-  and channel perturbation, rooms and noise (:data:`TRAIN_POLICY`), some of it resynthesised
-  through a vocoder (:data:`TRAIN_VOCODER`, :mod:`asrfit.recipes.speech.vocoder`);
+  and channel perturbation, rooms and noise (:data:`TRAIN_POLICY`);
 * ``dev`` and ``test``: espeak-ng variants never in train, flite's voices with other pitches and
   rates, sentences never in train, milder rooms and noise;
 * ``heldout``: Festival, an engine no other split hears (diphone and HTS voices).
@@ -48,13 +47,6 @@ from asrfit.recipes.speech.augment import (
     resample,
 )
 from asrfit.recipes.speech.grammar import Grammar
-from asrfit.recipes.speech.vocoder import (
-    EVAL_VOCODER,
-    TRAIN_VOCODER,
-    VocoderPolicy,
-    draw_vocoding,
-    resynthesise,
-)
 from asrfit.recipes.speech.voices import HELD_OUT_ENGINE, Speaker, pick_speaker, split_voices
 from asrfit.utils.io import Pathlike, atomic_write_text
 
@@ -68,9 +60,6 @@ LM_TEXT = "lm_text.txt"
 LM_SENTENCES = 500_000
 _SPLIT_IDS = {name: i for i, name in enumerate(SPEECH_SPLITS)}
 SHARD_SIZE = 64
-#: The last element of an utterance's resynthesis stream ``(seed, split, index, 1)``: its own
-#: stream, so that the utterances it leaves alone are the ones a corpus without it has.
-_VOCODER_STREAM = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +71,6 @@ class _Job:
     text: str
     speakers: dict[str, list[Speaker]]
     policy: AugmentPolicy
-    vocoder_policy: VocoderPolicy
     sample_rate: int
     path: str
 
@@ -104,11 +92,6 @@ def _render(job: _Job) -> dict[str, object]:
     )
     cond = draw_conditions(rng, job.policy)
     audio = resample(raw, raw_rate, job.sample_rate, cond.speed)
-    resynthesis = np.random.default_rng(
-        [job.seed, _SPLIT_IDS[job.split], job.index, _VOCODER_STREAM]
-    )
-    vocoding = draw_vocoding(resynthesis, job.vocoder_policy)
-    audio = resynthesise(audio, vocoding, resynthesis, job.sample_rate)
     audio = apply_conditions(audio, cond, rng, job.sample_rate)
     lead, tail = (
         np.zeros(int(rng.uniform(0.05, 0.3) * job.sample_rate), np.float32) for _ in range(2)
@@ -131,7 +114,6 @@ def _render(job: _Job) -> dict[str, object]:
         "pitch": None if speaker.voice in engines.OWN_PITCH_VOICES else pitch,
         "source_rate": raw_rate,
         **dataclasses.asdict(cond),
-        **dataclasses.asdict(vocoding),
     }
 
 
@@ -163,9 +145,8 @@ def write_speech_corpus(
 
     Manifest lines hold ``audio_filepath`` (relative to the manifest), ``duration``, ``text``,
     ``speaker``, ``engine``, ``voice``, ``voice_family``, ``sentence_id``, the drawn rate and
-    pitch, the engine's sample rate (``source_rate``), the acoustic conditions
-    (:class:`~asrfit.recipes.speech.augment.Conditions`) and the resynthesis
-    (:class:`~asrfit.recipes.speech.vocoder.Vocoding`). No sentence and no speaker is in two
+    pitch, the engine's sample rate (``source_rate``) and the acoustic conditions
+    (:class:`~asrfit.recipes.speech.augment.Conditions`). No sentence and no speaker is in two
     splits; dev and test's espeak-ng voices are variants never heard in training, and
     ``heldout`` speaks with an engine, Festival, that no other split hears.
 
@@ -200,7 +181,6 @@ def write_speech_corpus(
         (out / "audio" / split).mkdir(parents=True, exist_ok=True)
         speakers = voices.speakers(split, seed)
         policy = TRAIN_POLICY if split == "train" else EVAL_POLICY
-        vocoder_policy = TRAIN_VOCODER if split == "train" else EVAL_VOCODER
         jobs[split] = [
             _Job(
                 split,
@@ -210,7 +190,6 @@ def write_speech_corpus(
                 sentences[first + i],
                 speakers,
                 policy,
-                vocoder_policy,
                 sample_rate,
                 str(out / "audio" / split / f"{i + 1:06d}.wav"),
             )
