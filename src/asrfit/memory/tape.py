@@ -138,9 +138,10 @@ class Tape:
             events.append((index[key], sign))
         events += sorted(frees)
         merged = {index[k]: index[v] for k, v in log.merged.items()}
+        stand_ins = {index[k]: (index[v], *scale) for k, (v, *scale) in log.stand_ins.items()}
         last = [i for i, c in enumerate(calls) if c[0] == steps]
         parts = [operands[i] for i in last] if operands and len(operands) == len(calls) else []
-        log = TraceLog(blocks, events, merged)
+        log = TraceLog(blocks, events, merged, stand_ins)
         start = last[0] if last else 0  # calls of the last step only; events of every step
         marks = [(i - start, j - start, e, f) for i, j, e, f in layers or []]
         return cls(
@@ -165,6 +166,7 @@ class Tape:
             ],
             "events": self.log.events,
             "merged": sorted(self.log.merged.items()),
+            "stand_ins": sorted([k, *v] for k, v in self.log.stand_ins.items()),
             "calls": [[step, list(key[:6]), key[6], weight] for step, key, weight in self.calls],
             "flops": self.flops,
             "traced_calls": self.traced_calls,
@@ -191,6 +193,10 @@ class Tape:
             blocks,
             [(k, sign) for k, sign in data["events"]],
             {k: v for k, v in data["merged"]},
+            {
+                k: (v, numerator, denominator)
+                for k, v, numerator, denominator in data.get("stand_ins", [])
+            },
         )
         calls = [
             (step, (*key, None if shape is None else tuple(shape)), weight)
@@ -254,6 +260,14 @@ def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
     return tape
 
 
+def _stand_in_bytes(blocks: dict[int, Block], scale: tuple[int, int, int]) -> int:
+    """A stand-in storage's bytes (:attr:`~asrfit.memory.trace.tracker.TraceLog.stand_ins`):
+    those of the storage it repeats, in ``blocks`` already at the replayed shape, scaled as
+    the tracker scaled them."""
+    source, numerator, denominator = scale
+    return blocks[source].nbytes * numerator // denominator
+
+
 def _unlike(first: Tape, second: Tape) -> str | None:
     """What, other than sizes, differs between two tapes; None where nothing does."""
     if (first.batch.input_length, first.batch.label_length) != (
@@ -273,6 +287,8 @@ def _unlike(first: Tape, second: Tape) -> str | None:
         return f"allocations and frees differ from event {at} (storage {x[0]}, {op})"
     if first.log.merged != second.log.merged:
         return "other storages merged"
+    if first.log.stand_ins != second.log.stand_ins:
+        return "other stand-in storages"
     if len(first.calls) != len(second.calls):
         return f"{len(first.calls)} and {len(second.calls)} kernel calls"
     return None
@@ -311,6 +327,9 @@ def _replayed(first: Tape, second: Tape, batch_size: int) -> Tape | str:
             len(y.shape),
         ):
             return f"storage {key} is made otherwise"
+        if key in first.log.stand_ins:  # the storage it repeats at the batch, scaled as traced
+            blocks[key] = replace(x, nbytes=_stand_in_bytes(blocks, first.log.stand_ins[key]))
+            continue
         dims = [_storage(i, j, a, b, batch_size) for i, j in zip(x.shape, y.shape, strict=True)]
         nbytes = _storage(x.nbytes, y.nbytes, a, b, batch_size)
         if (
@@ -349,7 +368,9 @@ def _replayed(first: Tape, second: Tape, batch_size: int) -> Tape | str:
     flops = _affine(first.flops, second.flops, a, b, batch_size)
     if flops is None:
         return "FLOPs fall below zero"
-    log = TraceLog(blocks, list(first.log.events), dict(first.log.merged))
+    log = TraceLog(
+        blocks, list(first.log.events), dict(first.log.merged), dict(first.log.stand_ins)
+    )
     return replace(
         first,
         batch=replace(first.batch, batch_size=batch_size),

@@ -180,15 +180,16 @@ class Tapes:
         batch, unless the step is replayed from it and tapes at other lengths
         (:mod:`asrfit.memory.tape_lengths`); with none, the smallest coarse batch where such
         replays have worked for ``setup`` (else none: tracing two to replay the rest would
-        save nothing)."""
+        save nothing). Only for lengths where at least two of ``shapes`` wait for it: one
+        trace to spare one saves nothing, and waits a phase of its own."""
         if not self.enabled:
             return []
-        out: list[BatchShape] = []
+        waiting: dict[BatchShape, int] = {}
         for s in shapes:
             companion = self._companion(s, setup)
-            if companion is not None and companion != s and companion not in out:
-                out.append(companion)
-        return out
+            if companion is not None and companion != s:
+                waiting[companion] = waiting.get(companion, 0) + 1
+        return [companion for companion, count in waiting.items() if count >= 2]
 
     def _companion(self, shape: BatchShape, setup: Setup) -> BatchShape | None:
         """:meth:`companions`' shape for ``shape``, or None."""

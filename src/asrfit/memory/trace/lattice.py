@@ -203,9 +203,9 @@ class LatticeSampler:
         for lengths, keys in ((group.earlier, group.earlier_keys), (group.later, group.later_keys)):
             for d in lengths:
                 for key in sorted(saved):
-                    nbytes = blocks[key].nbytes * d // group.rep_length
-                    if nbytes:
-                        keys.append(self.tracker.hold(nbytes, blocks[key], at=end))
+                    held = self.tracker.hold(blocks[key], (d, group.rep_length), at=end)
+                    if held is not None:
+                        keys.append(held)
 
     # -- the counter's weight ----------------------------------------------------
     def weight(self) -> int:

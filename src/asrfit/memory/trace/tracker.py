@@ -99,6 +99,9 @@ class TraceLog:
     # block -> the block whose storage it took over when an out-of-place op was rewritten as
     # in place (asrfit.memory.trace.engine): one storage, whose events the two blocks share
     merged: dict[int, int] = field(default_factory=dict)
+    # stand-in block -> (the block it repeats, numerator, denominator): its bytes are the
+    # block's times numerator // denominator (asrfit.memory.trace.lattice)
+    stand_ins: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def _integer_bytes(t: torch.Tensor) -> int:
@@ -271,12 +274,18 @@ class StorageTracker(TorchDispatchMode):
         self.log.events.append((key, 1))
         self.log.events.append((key, -1))
 
-    def hold(self, nbytes: int, like: Block, at: int | None = None) -> int:
-        """Allocate a stand-in block of ``nbytes`` for a storage traced once and repeated
-        (:mod:`asrfit.memory.trace.lattice`), categorised like ``like``, at event index ``at``
-        (Default: now); free it with :meth:`drop`."""
+    def hold(self, like: Block, scale: tuple[int, int], at: int | None = None) -> int | None:
+        """Allocate a stand-in block for a storage traced once and repeated
+        (:mod:`asrfit.memory.trace.lattice`): ``like``'s bytes times ``scale[0] // scale[1]``,
+        categorised like it, at event index ``at`` (Default: now); its key (None where it
+        has no bytes). Free it with :meth:`drop`."""
+        numerator, denominator = scale
+        nbytes = like.nbytes * numerator // denominator
+        if not nbytes:
+            return None
         key = next(self._ids)
         self.log.blocks[key] = replace(like, key=key, nbytes=nbytes, shape=())
+        self.log.stand_ins[key] = (like.key, numerator, denominator)
         self.log.events.insert(len(self.log.events) if at is None else at, (key, 1))
         return key
 
