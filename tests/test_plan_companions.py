@@ -45,50 +45,38 @@ def at(batch: int, length: int) -> BatchShape:
     return BatchShape(batch, *LENGTHS[length])
 
 
-def refined(length: int) -> list[BatchShape]:
-    """A refinement's two batches at one length (the largest that fits, and half of it)."""
-    return [at(32, length), at(16, length)]
-
-
 def test_a_length_with_one_tape_gets_the_other_coarse_batch(refused: None) -> None:
     tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
-    assert tapes.companions(refined(1), SETUP) == [at(4, 1)]
-    assert tapes.companions(refined(3), SETUP) == [at(2, 3)]
-    assert tapes.companions(refined(2), SETUP) == []  # both coarse batches there already
+    assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]
+    assert tapes.companions([at(32, 3)], SETUP) == [at(2, 3)]
+    assert tapes.companions([at(32, 2)], SETUP) == []  # both coarse batches there already
 
 
 def test_a_length_replayed_across_lengths_needs_no_companion(replayed: None) -> None:
     tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
-    assert tapes.companions([*refined(1), *refined(3)], SETUP) == []
+    assert tapes.companions([at(32, 1), at(9, 3)], SETUP) == []
 
 
-def test_a_length_without_tapes_gets_the_smallest_batch_once_replays_across_work(
+def test_a_length_without_tapes_gets_the_largest_batch_once_replays_across_work(
     replayed: None,
 ) -> None:
-    """Two shapes at lengths with no tape (length 4: the same input as length 2, fewer
-    labels). A batch of 2 there is replayed to theirs once replays across lengths have worked
+    """The label pairs' shapes (the same input, fewer labels): no tape at their lengths. A
+    batch of 4 there (the larger coarse batch, which chooses what values to follow as the
+    pair's larger batch does) is replayed to theirs once replays across lengths have worked
     for the setup; before, tracing it would save nothing if they then refused."""
     tapes = tapes_at((2, 1), (2, 2), (4, 2))
-    assert tapes.companions(refined(4), SETUP) == []  # no replay across lengths yet
-    assert tapes.companions(refined(1), SETUP) == []  # replayed from length 2's pair
-    assert tapes.companions(refined(4), SETUP) == [at(2, 4)]
-    assert tapes.companions([at(2, 4), at(16, 4)], SETUP) == []  # the smallest batch itself
-
-
-def test_one_shape_at_a_length_gets_no_companion(refused: None) -> None:
-    """A companion traced to replay one shape saves no trace and waits a phase of its own
-    (the label pairs: one shape at each of two lengths)."""
-    tapes = tapes_at((2, 1), (2, 2), (4, 2), (4, 3))
-    assert tapes.companions([at(32, 1), at(16, 3)], SETUP) == []
-    assert tapes.companions([at(32, 1), at(16, 3), at(8, 3)], SETUP) == [at(2, 3)]
+    assert tapes.companions([at(32, 4)], SETUP) == []  # no replay across lengths yet
+    assert tapes.companions([at(32, 1)], SETUP) == []  # replayed from length 2's pair
+    assert tapes.companions([at(32, 4)], SETUP) == [at(4, 4)]
+    assert tapes.companions([at(4, 4)], SETUP) == []  # the coarse batch itself is traced
 
 
 def test_other_setups_tapes_are_not_counted(refused: None) -> None:
     tapes = tapes_at((2, 1), (4, 3))
     other = Setup(gradient_checkpointing=True)
     tapes.keep(other, False, True, SimpleNamespace(batch=at(4, 1)))  # type: ignore[arg-type]
-    assert tapes.companions(refined(1), SETUP) == [at(4, 1)]
-    assert tapes.companions(refined(1), other) == [at(2, 1)]
+    assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]
+    assert tapes.companions([at(32, 1)], other) == [at(2, 1)]
 
 
 def test_a_reduced_models_tape_is_forgotten_once_the_setup_is_traced_whole(refused: None) -> None:
@@ -100,11 +88,11 @@ def test_a_reduced_models_tape_is_forgotten_once_the_setup_is_traced_whole(refus
     tapes = tapes_at((2, 2), (4, 2))
     row = (("encoder.layers:plain", 2),)
     tapes.keep(SETUP, False, True, SimpleNamespace(batch=at(2, 1)), row)  # type: ignore[arg-type]
-    assert tapes.companions(refined(1), SETUP) == [at(4, 1)]  # half a pair, as it looks
+    assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]  # half a pair, as it looks
     tapes.forget_rows([(repr(Setup(gradient_checkpointing=True)), True, 9, 5)])
-    assert tapes.companions(refined(1), SETUP) == [at(4, 1)]  # another setup's lesson
+    assert tapes.companions([at(32, 1)], SETUP) == [at(4, 1)]  # another setup's lesson
     tapes.forget_rows([(repr(SETUP), True, 9, 5)])
-    assert tapes.companions(refined(1), SETUP) == []  # no tape left at length 1
+    assert tapes.companions([at(32, 1)], SETUP) == []  # no tape left at length 1
     tapes.keep(SETUP, False, True, SimpleNamespace(batch=at(32, 1)))  # type: ignore[arg-type]
     assert tapes.batches(at(16, 1), SETUP) == [32]
     assert tapes.batches(at(16, 2), SETUP) == [2, 4]  # the whole model's tapes stay

@@ -201,10 +201,12 @@ def _across(first: Tape, second: Tape, other: Tape, n: int) -> Tape | str:
 def _padded_rows(x: Block, y: Block, z: Block, shape: list[int]) -> int | None:
     """The bytes at ``shape`` (the replayed batch's) of a storage laid out as rows of its
     last dimension, each row padded to one stride, that ends at the last row's last element
-    (the ``attn_bias`` gradient of the CUDA memory-efficient attention: ``T`` keys padded to
-    a multiple of 16), where ``x``, ``y`` (the pair) and ``z`` (the tape at ``c``) are all
-    that extent, the pair at one stride; else None. An extent is affine in the batch, its
-    intercept set by the padding: at the other length one tape alone could not tell it."""
+    (the ``attn_bias`` gradient of the CUDA memory-efficient attention, ``T`` keys padded to
+    a multiple of 16, as FakeTensorMode rebuilds it from its dispatch cache), where ``x``,
+    ``y`` (the pair) and ``z`` (the tape at ``c``) are all that extent, the pair at one
+    stride; else None (the kernel's own output, the whole padded buffer, is proportional).
+    An extent is affine in the batch, its intercept set by the padding: at the other length
+    one tape alone could not tell it."""
     import torch
 
     itemsize = getattr(torch, str(z.dtype).removeprefix("torch."), None)

@@ -178,27 +178,29 @@ class Tapes:
         """Coarse shapes to trace first so that ``shapes`` (activation traces of ``setup``)
         can be replayed: at each of their lengths with exactly one tape, the other coarse
         batch, unless the step is replayed from it and tapes at other lengths
-        (:mod:`asrfit.memory.tape_lengths`); with none, the smallest coarse batch where such
+        (:mod:`asrfit.memory.tape_lengths`); with none, the largest coarse batch where such
         replays have worked for ``setup`` (else none: tracing two to replay the rest would
-        save nothing). Only for lengths where at least two of ``shapes`` wait for it: one
-        trace to spare one saves nothing, and waits a phase of its own."""
+        save nothing)."""
         if not self.enabled:
             return []
-        waiting: dict[BatchShape, int] = {}
+        out: list[BatchShape] = []
         for s in shapes:
             companion = self._companion(s, setup)
-            if companion is not None and companion != s:
-                waiting[companion] = waiting.get(companion, 0) + 1
-        return [companion for companion, count in waiting.items() if count >= 2]
+            if companion is not None and companion != s and companion not in out:
+                out.append(companion)
+        return out
 
     def _companion(self, shape: BatchShape, setup: Setup) -> BatchShape | None:
         """:meth:`companions`' shape for ``shape``, or None."""
         taped = self.batches(shape, setup)
-        smallest = self.coarse_batches[0]
-        if not taped and shape.batch_size > smallest and repr(setup) in self._across_setups:
+        largest = self.coarse_batches[-1]
+        if not taped and shape.batch_size > largest and repr(setup) in self._across_setups:
             # lengths with no tape, where replays across lengths have worked for the setup:
-            # its smallest coarse batch, from which any batch there is replayed
-            return replace(shape, batch_size=smallest)
+            # its largest coarse batch, from which any larger batch there is replayed (where
+            # a pair's smaller batch follows values its larger does not, as a TDT lattice's at
+            # batch 2, a replay across lengths needs the larger's choices:
+            # asrfit.memory.tape_lengths)
+            return replace(shape, batch_size=largest)
         if shape.batch_size < MIN_BATCH or len(taped) != 1:
             return None
         if not self._lacks(self._key(shape, setup, False, True), shape.batch_size):
