@@ -122,14 +122,14 @@ def test_padded_rows_of_the_attention_bias_gradient_are_replayed(frames: tuple) 
 
 def test_a_storage_of_unpadded_rows_or_another_layout_is_not_sized_by_the_padded_rule() -> None:
     """The control: where a storage is not that extent (the full padded buffer, one byte
-    more, a pair at two strides), the rule answers None and replay refuses."""
+    more, rows not padded), the rule answers None and replay refuses."""
     from asrfit.memory.tape_lengths import _padded_rows
 
     x, y, z = _extent(2, 154), _extent(4, 154), _extent(2, 307)
     full = replace(x, nbytes=2 * 8 * 154 * 160 * 2)
     assert _padded_rows(full, replace(y, nbytes=2 * full.nbytes), z, [5, 8, 307, 307]) is None
     assert _padded_rows(x, replace(y, nbytes=y.nbytes + 1), z, [5, 8, 307, 307]) is None
-    assert _padded_rows(x, _extent(4, 160), z, [5, 8, 307, 307]) is None  # a shape unlike x's
+    assert _padded_rows(x, _extent(4, 160), z, [5, 8, 307, 307]) is None  # rows not padded
 
 
 def test_a_pair_that_followed_other_values_at_its_smaller_batch_replays_above_it() -> None:
