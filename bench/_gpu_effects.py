@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from asrfit.memory.cuda.allocator import CUBLAS_WORKSPACE_BYTES, MIB, segment_bytes
-from asrfit.memory.trace.tracker import round_block
+from asrfit.memory.trace.eventlog import round_block
 
 Row = dict[str, Any]
 

@@ -14,8 +14,8 @@ from torch import nn
 
 from asrfit.memory import simulate_model
 from asrfit.memory.setup import Setup
+from asrfit.memory.trace.eventlog import round_block
 from asrfit.memory.trace.kernels import device_kernels
-from asrfit.memory.trace.tracker import round_block
 
 _ORIGINAL_DROPOUT = F.dropout
 

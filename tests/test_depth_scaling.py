@@ -21,7 +21,7 @@ from asrfit.memory.report import resolve_adapter  # noqa: E402
 from asrfit.memory.setup import Setup  # noqa: E402
 from asrfit.memory.simulate import simulate_step  # noqa: E402
 from asrfit.memory.step import BatchShape  # noqa: E402
-from asrfit.memory.trace.tracker import round_block  # noqa: E402
+from asrfit.memory.trace.eventlog import round_block  # noqa: E402
 from asrfit.models.conformer import conformer_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -49,7 +49,7 @@ from asrfit.memory.report import resolve_adapter
 from asrfit.memory.setup import Precision, Setup
 from asrfit.memory.simulate import simulate_step
 from asrfit.memory.step import BatchShape
-from asrfit.memory.trace.tracker import round_block
+from asrfit.memory.trace.eventlog import round_block
 from asrfit.plan.costs import coarse_shapes
 
 

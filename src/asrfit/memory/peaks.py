@@ -16,7 +16,7 @@ import torch
 from asrfit.memory.cuda.allocator import segment_overhead_bytes
 from asrfit.memory.setup import Setup
 from asrfit.memory.step import CATEGORIES, BatchShape, StepMemory
-from asrfit.memory.trace.tracker import Block, TraceLog, round_block
+from asrfit.memory.trace.eventlog import Block, TraceLog, round_block
 
 
 def _category(block: Block) -> str:

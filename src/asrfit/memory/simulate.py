@@ -35,11 +35,12 @@ from asrfit.memory.steptime.layer_span import LayerSpans
 from asrfit.memory.steptime.runtime import OpCounter
 from asrfit.memory.tape import Tape
 from asrfit.memory.trace.engine import plain_accumulation, plain_composites
+from asrfit.memory.trace.eventlog import round_block
 from asrfit.memory.trace.kernels import device_kernels
 from asrfit.memory.trace.lattice import sample_transducer_loop
 from asrfit.memory.trace.optimizers import make_optimizer
 from asrfit.memory.trace.scratch import scratch_rules
-from asrfit.memory.trace.tracker import StorageTracker, round_block
+from asrfit.memory.trace.tracker import StorageTracker
 from asrfit.models.checkpointing import checkpoint_first_layers
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,12 +33,15 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from asrfit.memory.trace import datadep
+from asrfit.memory.trace.eventlog import (
+    Assumption,
+    Block,
+    TraceLog,
+)
 from asrfit.memory.trace.lazy import LazyValue, Writes
 from asrfit.memory.trace.lazy import returns_alias as _returns_alias
 from asrfit.memory.trace.values import device_query, tensors_in, user_frame
 
-# The CUDA caching allocator hands out blocks in multiples of 512 bytes.
-CUDA_BLOCK_BYTES = 512
 # Integer/bool tensors up to this many bytes get a real shadow value held whole (an int64
 # tensor of 2^24 elements; a boolean mask of 2^27), and larger ones no larger than an input
 # whose value is held (held_size); so do tensors of any dtype up to _MAX_SMALL_SHADOW_NUMEL
@@ -59,49 +62,6 @@ _SAVES_NUMBER_OPERAND = frozenset(
         torch.ops.aten.div.Tensor_mode,
     }
 )
-
-
-def round_block(nbytes: int) -> int:
-    """Round a request up to the caching allocator's 512-byte granularity (0 stays 0)."""
-    return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
-
-
-@dataclass
-class Block:
-    """One storage seen by the tracker."""
-
-    key: int
-    nbytes: int
-    phase: str
-    step: int
-    tag: str | None = None  # set later: parameters, buffers, gradients, optimizer_state, inputs
-    op: Any = None  # the aten op that made it
-    shape: tuple[int, ...] = ()
-    dtype: Any = None
-    region: str = ""  # where in the model (set by asrfit.memory.fit.depth's hooks), else ""
-
-
-@dataclass
-class Assumption:
-    """A place where a value could not be known and a pessimistic rule was used."""
-
-    op: str
-    rule: str
-    where: str
-
-
-@dataclass
-class TraceLog:
-    """Allocation events of a traced step, in order: ``(key, +1 alloc | -1 free)``."""
-
-    blocks: dict[int, Block] = field(default_factory=dict)
-    events: list[tuple[int, int]] = field(default_factory=list)
-    # block -> the block whose storage it took over when an out-of-place op was rewritten as
-    # in place (asrfit.memory.trace.engine): one storage, whose events the two blocks share
-    merged: dict[int, int] = field(default_factory=dict)
-    # stand-in block -> (the block it repeats, numerator, denominator): its bytes are the
-    # block's times numerator // denominator (asrfit.memory.trace.lattice)
-    stand_ins: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def _integer_bytes(t: torch.Tensor) -> int:
