@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -37,10 +38,19 @@ def _check(family: str, setup_name: str, pair_shape: tuple, other_shape: tuple) 
     _, two = _trace(adapter, BatchShape(2, *pair_shape), setup)
     _, four = _trace(adapter, BatchShape(4, *pair_shape), setup)
     _, other = _trace(adapter, BatchShape(2, *other_shape), setup)
-    for batch in (5, 9):
-        traced, _ = _trace(adapter, BatchShape(batch, *other_shape), setup)
-        tape = replay_across(two, four, other, batch)
-        assert tape is not None, f"{family} {setup_name} at {batch} x {other_shape}: refused"
+    _assert_replays_as_traced(adapter, setup, (two, four), other, (5, 9), f"{family} {setup_name}")
+
+
+def _assert_replays_as_traced(
+    adapter: Any, setup: Setup, pair: tuple[Tape, Tape], other: Tape, batches: tuple, what: str
+) -> None:
+    """Each of ``batches`` at ``other``'s lengths, replayed from ``pair`` (at other lengths)
+    and ``other``, is the step a fresh trace reports."""
+    shape = (other.batch.input_length, other.batch.label_length)
+    for batch in batches:
+        traced, _ = _trace(adapter, BatchShape(batch, *shape), setup)
+        tape = replay_across(*pair, other, batch)
+        assert tape is not None, f"{what} at {batch} x {shape}: refused"
         _assert_same_step(replayed_step(tape, adapter.name, setup), traced)
 
 
@@ -145,11 +155,9 @@ def test_a_pair_that_followed_other_values_at_its_smaller_batch_replays_above_it
     assert len(sixteen.shadows) != len(twenty_four.shadows)
     longer = (2 * length, 2 * labels)
     _, eight = _trace(adapter, BatchShape(8, *longer), setup)
-    for batch in (9, 40):
-        traced, _ = _trace(adapter, BatchShape(batch, *longer), setup)
-        tape = replay_across(sixteen, twenty_four, eight, batch)
-        assert tape is not None, f"refused at {batch}"
-        _assert_same_step(replayed_step(tape, adapter.name, setup), traced)
+    _assert_replays_as_traced(
+        adapter, setup, (sixteen, twenty_four), eight, (9, 40), "parakeet_tdt"
+    )
     _, four = _trace(adapter, BatchShape(4, *longer), setup)
     assert replay_across(sixteen, twenty_four, four, 9) is None
 

@@ -311,7 +311,7 @@ def _replayed(first: Tape, second: Tape, batch_size: int) -> Tape | str:
         larger = max(first, second, key=lambda tape: tape.batch.batch_size)
         if batch_size < larger.batch.batch_size:
             return f"the tracker would follow other values ({unlike})"
-        unfollowed = _values_unfollowed_at(larger, batch_size)
+        unfollowed = _values_unfollowed_at(larger.shadows, larger.batch.batch_size, batch_size)
         if unfollowed:
             return f"the tracker would follow other values ({unfollowed})"
     blocks: dict[int, Block] = {}
@@ -409,19 +409,18 @@ def _name(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _values_unfollowed_at(tape: Tape, batch: int) -> str | None:
-    """A value ``tape`` followed that would not be followed at a larger ``batch``, each size
-    taken as growing with the batch (the most it can), or None: where there is one, a trace
-    there takes other rules and a replay from ``tape`` is refused."""
+def _values_unfollowed_at(shadows: list[Shadow], at: int, batch: int) -> str | None:
+    """A value followed at batch ``at`` (one of a tape's ``shadows``) that would not be followed
+    at a larger ``batch``, each size taken as growing with the batch (the most it can), or
+    None: where there is one, a trace there takes other rules and a replay is refused."""
     from asrfit.memory.trace.tracker import shadowable_size
 
-    scale = batch / tape.batch.batch_size
-    for sizes, held, shadowed in tape.shadows:
+    scale = batch / at
+    for sizes, held, shadowed in shadows:
         # the inputs taken as not growing (the least they can)
         if shadowed and not all(
             shadowable_size(math.ceil(n * scale), integer_bytes, held) for n, integer_bytes in sizes
         ):
-            at = tape.batch.batch_size
             return f"values of {sizes} elements followed at batch {at}, not at {batch}"
     return None
 

@@ -39,7 +39,15 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from asrfit.memory.tape import MIN_BATCH, Call, Shadow, Tape, _stand_in_bytes, _unlike
+from asrfit.memory.tape import (
+    MIN_BATCH,
+    Call,
+    Shadow,
+    Tape,
+    _stand_in_bytes,
+    _unlike,
+    _values_unfollowed_at,
+)
 
 if TYPE_CHECKING:
     from asrfit.memory.trace.tracker import Block
@@ -312,20 +320,19 @@ def _shadows_across(
 def _choices_hold(larger: list[Shadow], other: list[Shadow], c: int, n: int) -> str | None:
     """Whether the tape at batch ``c`` made ``larger``'s choices to follow values (each
     followed or not alike), and a trace at batch ``n >= c`` would make them too: each size
-    followed stays small enough grown by ``n / c`` (its inputs taken as not growing), each
-    size not followed stays too large not grown (its inputs grown): the most and least it can."""
+    followed stays small enough grown by ``n / c`` (:func:`~asrfit.memory.tape._values_unfollowed_at`),
+    each size not followed stays too large not grown (its inputs grown): the most and least it can."""
     from asrfit.memory.trace.tracker import shadowable_size
 
     if n < c:
         return f"choices at batch {c} need not hold at {n}"
     if [followed for *_, followed in larger] != [followed for *_, followed in other]:
         return "the pair's larger batch followed other values than the tape at the other length"
+    unfollowed = _values_unfollowed_at(other, c, n)
+    if unfollowed:
+        return unfollowed
     grow = n / c
     for sizes, held, followed in other:
-        if followed:
-            holds = all(shadowable_size(math.ceil(m * grow), i, held) for m, i in sizes)
-        else:
-            holds = not all(shadowable_size(m, i, math.ceil(held * grow)) for m, i in sizes)
-        if not holds:
-            return f"values of {sizes} elements followed at batch {c}: {followed}, not at {n}"
+        if not followed and all(shadowable_size(m, i, math.ceil(held * grow)) for m, i in sizes):
+            return f"values of {sizes} elements not followed at batch {c}, followed at {n}"
     return None
