@@ -27,7 +27,7 @@ from asrfit.memory.setup import Setup  # noqa: E402
 from asrfit.memory.step import BatchShape  # noqa: E402
 from asrfit.memory.tape import Tape, replayed_step  # noqa: E402
 from asrfit.memory.tape_lengths import replay_across  # noqa: E402
-from asrfit.memory.trace.tracker import Block  # noqa: E402
+from asrfit.memory.trace.eventlog import Block  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

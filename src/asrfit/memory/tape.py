@@ -39,14 +39,12 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asrfit.memory.setup import Setup
 from asrfit.memory.step import BatchShape, StepMemory
 from asrfit.memory.steptime.roofline import StepCost
-
-if TYPE_CHECKING:  # the tracker imports torch: a warm plan, which only holds tapes, does not
-    from asrfit.memory.trace.tracker import Block, TraceLog
+from asrfit.memory.trace.eventlog import Block, TraceLog, stand_in_bytes
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +117,6 @@ class Tape:
         """The tape of a tracker's ``log`` and its counter's ``calls`` and their ``operands``
         (``figures``: the remaining attributes, ``shadows`` among them); ``layers``
         index ``calls`` and the log's events."""
-        from asrfit.memory.trace.tracker import TraceLog
-
         index = {key: i for i, key in enumerate(log.blocks)}
         blocks = {
             index[k]: replace(b, key=index[k], op=_name(b.op), dtype=_name(b.dtype))
@@ -183,8 +179,6 @@ class Tape:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tape:
         """A tape from :meth:`to_dict`'s data."""
-        from asrfit.memory.trace.tracker import Block, TraceLog
-
         blocks = {
             i: Block(i, n, phase, step, tag, op, tuple(shape), dtype, region)
             for i, (n, phase, step, tag, op, shape, dtype, region) in enumerate(data["blocks"])
@@ -261,11 +255,11 @@ def replay(first: Tape, second: Tape, batch_size: int) -> Tape | None:
 
 
 def _stand_in_bytes(blocks: dict[int, Block], scale: tuple[int, int, int]) -> int:
-    """A stand-in storage's bytes (:attr:`~asrfit.memory.trace.tracker.TraceLog.stand_ins`):
+    """A stand-in storage's bytes (:attr:`~asrfit.memory.trace.eventlog.TraceLog.stand_ins`):
     those of the storage it repeats, in ``blocks`` already at the replayed shape, scaled as
-    the tracker scaled them."""
+    the tracker scaled them (:func:`~asrfit.memory.trace.eventlog.stand_in_bytes`)."""
     source, numerator, denominator = scale
-    return blocks[source].nbytes * numerator // denominator
+    return stand_in_bytes(blocks[source].nbytes, numerator, denominator)
 
 
 def _unlike(first: Tape, second: Tape) -> str | None:
@@ -296,8 +290,6 @@ def _unlike(first: Tape, second: Tape) -> str | None:
 
 def _replayed(first: Tape, second: Tape, batch_size: int) -> Tape | str:
     """:func:`replay`'s tape, or why there is none."""
-    from asrfit.memory.trace.tracker import TraceLog
-
     a, b = first.batch.batch_size, second.batch.batch_size
     if min(a, b, batch_size) < MIN_BATCH or a == b:
         return f"batches below {MIN_BATCH} or alike"

@@ -37,7 +37,6 @@ import logging
 import math
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from asrfit.memory.tape import (
     MIN_BATCH,
@@ -48,9 +47,7 @@ from asrfit.memory.tape import (
     _unlike,
     _values_unfollowed_at,
 )
-
-if TYPE_CHECKING:
-    from asrfit.memory.trace.tracker import Block
+from asrfit.memory.trace.eventlog import Block, TraceLog
 
 log = logging.getLogger("asrfit.memory.tape")
 _DIGITS = re.compile(r"\d+")  # assumptions may count what depends on the lengths (diagonals)
@@ -138,8 +135,6 @@ def _structure(pair: Tape, other: Tape) -> str | None:
 
 def _across(first: Tape, second: Tape, other: Tape, n: int) -> Tape | str:
     """:func:`replay_across`'s tape, or why there is none."""
-    from asrfit.memory.trace.tracker import TraceLog
-
     a, b, c = first.batch.batch_size, second.batch.batch_size, other.batch.batch_size
     if min(a, b, c, n) < MIN_BATCH or a == b:
         return f"batches below {MIN_BATCH} or alike"

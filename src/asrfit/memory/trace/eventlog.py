@@ -56,4 +56,11 @@ class TraceLog:
     stand_ins: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
-__all__ = ["CUDA_BLOCK_BYTES", "Assumption", "Block", "TraceLog", "round_block"]
+def stand_in_bytes(source_bytes: int, numerator: int, denominator: int) -> int:
+    """A stand-in storage's bytes (:attr:`TraceLog.stand_ins`): those of the storage it
+    repeats, ``source_bytes``, times ``numerator // denominator``, as the tracker sizes it and
+    a replay sizes it again at another shape."""
+    return source_bytes * numerator // denominator
+
+
+__all__ = ["CUDA_BLOCK_BYTES", "Assumption", "Block", "TraceLog", "round_block", "stand_in_bytes"]

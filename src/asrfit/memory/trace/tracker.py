@@ -37,6 +37,7 @@ from asrfit.memory.trace.eventlog import (
     Assumption,
     Block,
     TraceLog,
+    stand_in_bytes,
 )
 from asrfit.memory.trace.lazy import LazyValue, Writes
 from asrfit.memory.trace.lazy import returns_alias as _returns_alias
@@ -240,7 +241,7 @@ class StorageTracker(TorchDispatchMode):
         categorised like it, at event index ``at`` (Default: now); its key (None where it
         has no bytes). Free it with :meth:`drop`."""
         numerator, denominator = scale
-        nbytes = like.nbytes * numerator // denominator
+        nbytes = stand_in_bytes(like.nbytes, numerator, denominator)
         if not nbytes:
             return None
         key = next(self._ids)
